@@ -1,0 +1,1 @@
+"""{{ cookiecutter.package_name }}: a PyTorch Lightning research project."""

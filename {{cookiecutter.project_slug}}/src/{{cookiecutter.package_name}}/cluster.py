@@ -1,0 +1,290 @@
+"""Tell Lightning where it runs: the SING cloud, the POD platform, or Lightning's own environments.
+
+SING and POD start ONE process per node and give it node-level variables (node index, node
+count, main address). Lightning then starts one more process per device on each node, so
+`creates_processes_externally` is False in the node's first process and True in the ones
+Lightning started. torchrun, Slurm, LSF and MPI are handled by Lightning's own environments,
+used as they are.
+
+Debug a launch without training: `python -m {{ cookiecutter.package_name }}.cluster`.
+"""
+
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAIN_PORT = {{ cookiecutter.main_port }}
+
+
+class ClusterConfigError(ValueError):
+    """A platform variable is missing or wrong. Raised before any process group is formed."""
+
+
+@dataclass
+class ClusterSettings:
+    """The `cluster:` section of the config: how the processes of a job find each other.
+
+    Args:
+        main_port: port of the main node when the platform sets no MASTER_PORT; the same on every node.
+        address_timeout: seconds to wait for the main node's host name to resolve (pods start at
+            different times and a headless service's DNS lags behind).
+        timeout: how long a process waits for the others, to join the job or in a collective,
+            before the job fails instead of hanging (torch's own default is 30 minutes).
+    """
+
+    main_port: int = DEFAULT_MAIN_PORT
+    address_timeout: float = 300.0
+    timeout: timedelta = timedelta(minutes=5)
+
+
+def _require(name: str) -> str:
+    value = os.environ.get(name)
+    if value is None:
+        raise ClusterConfigError(f"{name} is not set")
+    if not value.strip():
+        raise ClusterConfigError(f"{name} is set but empty")
+    return value.strip()
+
+
+def _require_int(name: str) -> int:
+    value = _require(name)
+    try:
+        return int(value)
+    except ValueError:
+        raise ClusterConfigError(f"{name}={value!r} is not an integer") from None
+
+
+def _require_rank_and_size(rank_name: str, size_name: str) -> tuple[int, int]:
+    rank, size = _require_int(rank_name), _require_int(size_name)
+    if size < 1:
+        raise ClusterConfigError(f"{size_name}={size} must be at least 1")
+    if not 0 <= rank < size:
+        raise ClusterConfigError(f"{rank_name}={rank} is outside 0..{size - 1} ({size_name}={size})")
+    return rank, size
+
+
+def wait_until_resolvable(host: str, timeout: float, interval: float = 2.0) -> None:
+    """Return once `host` resolves; raise ClusterConfigError naming it after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.getaddrinfo(host, None)
+            return
+        except socket.gaierror as error:
+            if time.monotonic() >= deadline:
+                raise ClusterConfigError(
+                    f"main address {host!r} did not resolve within {timeout:g} s ({error.strerror})"
+                ) from None
+            time.sleep(interval)
+
+
+class NodeLevelEnvironment(ClusterEnvironment):
+    """A platform that starts one process per node and leaves the other devices to Lightning.
+
+    Subclasses say where the node rank, node count and host names come from.
+    """
+
+    platform = ""
+    node_count_variable = ""
+
+    def __init__(self, main_port: int = DEFAULT_MAIN_PORT, address_timeout: float = 300.0) -> None:
+        super().__init__()
+        self._node_rank, self._num_nodes = self._read_node_rank_and_count()
+        self._main_address = self._read_main_address()
+        self._main_port = _require_int("MASTER_PORT") if "MASTER_PORT" in os.environ else main_port
+        self.address_timeout = address_timeout
+        self._global_rank = 0
+        self._world_size = 1
+
+    def _read_node_rank_and_count(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _read_main_address(self) -> str:
+        raise NotImplementedError
+
+    def host(self, node_rank: int) -> str | None:
+        """The documented host name of a node, or None when the platform's variables do not give it."""
+        raise NotImplementedError
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        # Lightning sets LOCAL_RANK in the processes it starts; the platform's process has none.
+        return "LOCAL_RANK" in os.environ
+
+    @property
+    def main_address(self) -> str:
+        return self._main_address
+
+    @property
+    def main_port(self) -> int:
+        return self._main_port
+
+    def node_rank(self) -> int:
+        return self._node_rank
+
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", 0))
+
+    def global_rank(self) -> int:
+        return self._global_rank
+
+    def set_global_rank(self, rank: int) -> None:
+        self._global_rank = rank
+        rank_zero_only.rank = rank
+        # Code that reads RANK (loggers, user code) must see this process's rank, not the node's.
+        os.environ["RANK"] = str(rank)
+
+    def world_size(self) -> int:
+        return self._world_size
+
+    def set_world_size(self, size: int) -> None:
+        self._world_size = size
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        # Runs in each node's first process, before Lightning starts the others.
+        if num_nodes != self.num_nodes:
+            raise ClusterConfigError(
+                f"trainer.num_nodes={num_nodes} but {self.node_count_variable}={self.num_nodes}"
+            )
+        wait_until_resolvable(self.main_address, self.address_timeout)
+
+
+class SINGEnvironment(NodeLevelEnvironment):
+    """The SING cloud: one container per node with SING_RANK, SING_WORLD_SIZE and SING_MASTER_ADDR.
+
+    A node's host is `${SING_JOB_NAME}-${SING_RANK}.${SING_HOSTNAME_SUFFIX}`.
+    """
+
+    platform = "SING"
+    node_count_variable = "SING_WORLD_SIZE"
+
+    @staticmethod
+    def detect() -> bool:
+        return "SING_RANK" in os.environ or "SING_WORLD_SIZE" in os.environ
+
+    def _read_node_rank_and_count(self) -> tuple[int, int]:
+        return _require_rank_and_size("SING_RANK", "SING_WORLD_SIZE")
+
+    def _read_main_address(self) -> str:
+        if "SING_MASTER_ADDR" in os.environ:
+            return _require("SING_MASTER_ADDR")
+        if self.host(0) is None:
+            raise ClusterConfigError("SING_MASTER_ADDR is not set, nor SING_JOB_NAME and SING_HOSTNAME_SUFFIX")
+        return self.host(0)
+
+    def host(self, node_rank: int) -> str | None:
+        job, suffix = os.environ.get("SING_JOB_NAME"), os.environ.get("SING_HOSTNAME_SUFFIX")
+        return f"{job}-{node_rank}.{suffix}" if job and suffix else None
+
+
+class PODEnvironment(NodeLevelEnvironment):
+    """The POD platform (Kubernetes-like): one pod per node with RANK, WORLD_SIZE and MASTER_ADDR.
+
+    RANK and WORLD_SIZE are the pod's index and the number of pods. A pod's host is
+    `${JOB_NAME}-${RANK}.${SVC_NAME}.${POD_NAMESPACE}.svc.cluster.local`.
+
+    Lightning rewrites WORLD_SIZE to the number of processes before it starts a node's other
+    processes, and this class sets RANK to each process's global rank, so the pod's own values
+    are kept in POD_RANK and POD_WORLD_SIZE, where every process of the pod reads them.
+    """
+
+    platform = "POD"
+    node_count_variable = "WORLD_SIZE"
+
+    @staticmethod
+    def detect() -> bool:
+        if "POD_WORLD_SIZE" in os.environ:  # a process Lightning started in a pod
+            return True
+        # torchrun, Lightning's own processes and Slurm set LOCAL_RANK or their own variables;
+        # one process per pod with only RANK and WORLD_SIZE is this platform.
+        started_per_process = "LOCAL_RANK" in os.environ or TorchElasticEnvironment.detect()
+        return "WORLD_SIZE" in os.environ and not started_per_process and not SLURMEnvironment.detect()
+
+    def _read_node_rank_and_count(self) -> tuple[int, int]:
+        if "POD_WORLD_SIZE" in os.environ:
+            return _require_rank_and_size("POD_RANK", "POD_WORLD_SIZE")
+        rank, size = _require_rank_and_size("RANK", "WORLD_SIZE")
+        os.environ["POD_RANK"], os.environ["POD_WORLD_SIZE"] = str(rank), str(size)
+        return rank, size
+
+    def _read_main_address(self) -> str:
+        if "MASTER_ADDR" in os.environ:
+            return _require("MASTER_ADDR")
+        if self.host(0) is None:
+            raise ClusterConfigError("MASTER_ADDR is not set, nor JOB_NAME, SVC_NAME and POD_NAMESPACE")
+        return self.host(0)
+
+    def host(self, node_rank: int) -> str | None:
+        job, service, namespace = (os.environ.get(name) for name in ("JOB_NAME", "SVC_NAME", "POD_NAMESPACE"))
+        if not (job and service and namespace):
+            return None
+        return f"{job}-{node_rank}.{service}.{namespace}.svc.cluster.local"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Where this process runs, as far as the environment variables tell."""
+
+    name: str
+    # None: Lightning picks its own environment (torchrun, Slurm, LSF, MPI, or a single node).
+    environment: ClusterEnvironment | None = None
+    # The platform's node count and the variable it came from; None when the platform gives none.
+    num_nodes: int | None = None
+    num_nodes_variable: str = ""
+
+
+def platform_of(environment: ClusterEnvironment) -> Platform:
+    if isinstance(environment, NodeLevelEnvironment):
+        return Platform(environment.platform, environment, environment.num_nodes, environment.node_count_variable)
+    return Platform(type(environment).__name__, environment)
+
+
+def detect_platform(settings: ClusterSettings | None = None) -> Platform:
+    """SING, then POD, then torchrun and Slurm (Lightning's environments), then a single node."""
+    settings = settings or ClusterSettings()
+    for environment_class in (SINGEnvironment, PODEnvironment):
+        if environment_class.detect():
+            return platform_of(environment_class(settings.main_port, settings.address_timeout))
+    if TorchElasticEnvironment.detect():
+        return Platform("torchrun", num_nodes=_require_int("GROUP_WORLD_SIZE"), num_nodes_variable="GROUP_WORLD_SIZE")
+    if SLURMEnvironment.detect():
+        return Platform("Slurm", num_nodes=_require_int("SLURM_NNODES"), num_nodes_variable="SLURM_NNODES")
+    return Platform("local")
+
+
+def describe(platform: Platform) -> str:
+    """One line for a launch log: the platform, this node, and where the main node is."""
+    environment = platform.environment
+    if not isinstance(environment, NodeLevelEnvironment):
+        nodes = f"{platform.num_nodes} nodes" if platform.num_nodes else "node count set by trainer.num_nodes"
+        return f"platform={platform.name} ({nodes}; Lightning's own environment)"
+    own_host = environment.host(environment.node_rank()) or "unknown"
+    return (
+        f"platform={platform.name} node_rank={environment.node_rank()} num_nodes={environment.num_nodes} "
+        f"host={own_host} main={environment.main_address}:{environment.main_port}"
+    )
+
+
+def main() -> None:
+    try:
+        print(describe(detect_platform()))
+    except ClusterConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""MNIST as a LightningDataModule.
+
+The digits stay uint8 tensors in memory, as torchvision loads them; there is no per-image
+PIL decoding. Batches are turned into normalised floats after they reach the device
+(`on_after_batch_transfer`), where that work is cheapest. To use your own data, replace
+`_load_split` (and the constants below) and keep the rest.
+"""
+
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
+from torchvision.datasets import MNIST
+
+MEAN, STD = 0.1307, 0.3081  # of the MNIST training images, scaled to [0, 1]
+RAW_FILES = {
+    True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+class MNISTDataModule(LightningDataModule):
+    """MNIST train/val (a seeded split of the training set) and test (the official test set).
+
+    Args:
+        data_dir: where `MNIST/raw/` is, or is downloaded to.
+        download: download the files when they are missing (on each node's first process only).
+        val_fraction: share of the training set held out for validation.
+        batch_size: images per batch on each process.
+        num_workers: DataLoader worker processes (0 loads in the training process).
+        split_seed: seed of the train/val split, independent of the training seed.
+    """
+
+    def __init__(
+        self,
+        data_dir: str = "data",
+        download: bool = True,
+        val_fraction: float = 0.1,
+        batch_size: int = 128,
+        num_workers: int = 0,
+        split_seed: int = 0,
+    ):
+        super().__init__()
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be between 0 and 1, got {val_fraction}")
+        self.save_hyperparameters()
+        self.data_dir = Path(data_dir)
+        self.download = download
+        self.val_fraction = val_fraction
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.split_seed = split_seed
+
+    @property
+    def raw_dir(self) -> Path:
+        return self.data_dir / "MNIST" / "raw"
+
+    def prepare_data(self) -> None:
+        # Lightning calls this on one process per node, so the download happens once.
+        if self.download:
+            for train in (True, False):
+                MNIST(self.data_dir, train=train, download=True)
+        for train in (True, False):
+            self._check_present(train)
+
+    def setup(self, stage: str) -> None:
+        if stage in ("fit", "validate"):
+            images, labels = self._load_split(train=True)
+            order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.split_seed))
+            num_val = int(len(labels) * self.val_fraction)
+            val_ids, train_ids = order[:num_val], order[num_val:]
+            self.train_set = TensorDataset(images[train_ids], labels[train_ids])
+            self.val_set = TensorDataset(images[val_ids], labels[val_ids])
+        if stage in ("test", "predict"):
+            self.test_set = TensorDataset(*self._load_split(train=False))
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set)
+
+    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
+        images, labels = batch
+        images = images.float().div_(255).sub_(MEAN).div_(STD)
+        return images, labels
+
+    def _load_split(self, train: bool) -> tuple[Tensor, Tensor]:
+        """Images as uint8 (N, 1, 28, 28) and labels as int64 (N,)."""
+        self._check_present(train)
+        dataset = MNIST(self.data_dir, train=train, download=False)
+        return dataset.data.unsqueeze(1), dataset.targets
+
+    def _check_present(self, train: bool) -> None:
+        missing = [name for name in RAW_FILES[train] if not (self.raw_dir / name).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"MNIST files {', '.join(missing)} not found in {self.raw_dir.resolve()}; "
+                "set data.download: true or point data.data_dir at a directory that has MNIST/raw/"
+            )
+
+    def _loader(self, dataset: TensorDataset, shuffle: bool = False) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )

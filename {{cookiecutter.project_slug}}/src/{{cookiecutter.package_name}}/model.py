@@ -1,0 +1,99 @@
+"""The model: a small CNN (`ConvNet`) and the LightningModule that trains it."""
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy
+
+NUM_CLASSES = 10
+
+
+class ConvNet(nn.Module):
+    """Two conv blocks and a classifier head for 1x28x28 images; returns logits (B, num_classes)."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES, channels: int = 32, hidden: int = 128, dropout: float = 0.25):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, channels, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 28x28 -> 14x14
+            nn.Conv2d(channels, 2 * channels, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 14x14 -> 7x7
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Dropout(dropout),
+            nn.Linear(2 * channels * 7 * 7, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.classifier(self.features(images))
+
+
+class MNISTClassifier(LightningModule):
+    """Trains `ConvNet` with cross-entropy and reports accuracy for train, val and test.
+
+    The optimizer and learning-rate scheduler are injected (see `configs/mnist.yaml`),
+    so trying another one is a config change, not a code change.
+    """
+
+    def __init__(
+        self,
+        channels: int = 32,
+        hidden: int = 128,
+        dropout: float = 0.25,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        scheduler: LRSchedulerCallable | None = None,
+    ):
+        super().__init__()
+        # The optimizer and scheduler are callables, not data: LightningCLI records them in the config.
+        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
+        self.net = ConvNet(channels=channels, hidden=hidden, dropout=dropout)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.train_accuracy = MulticlassAccuracy(NUM_CLASSES, average="micro")
+        self.val_accuracy = MulticlassAccuracy(NUM_CLASSES, average="micro")
+        self.test_accuracy = MulticlassAccuracy(NUM_CLASSES, average="micro")
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(images)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = F.cross_entropy(logits, labels)
+        self.train_accuracy(logits, labels)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", self.train_accuracy, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_accuracy)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.test_accuracy)
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        images, labels = batch
+        probabilities = self(images).softmax(dim=-1)
+        confidence, predicted = probabilities.max(dim=-1)
+        return {"predicted": predicted, "confidence": confidence, "label": labels}
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str, accuracy: MulticlassAccuracy) -> None:
+        images, labels = batch
+        logits = self(images)
+        accuracy(logits, labels)
+        self.log(f"{stage}/loss", F.cross_entropy(logits, labels), sync_dist=True)
+        self.log(f"{stage}/acc", accuracy, prog_bar=True)
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer(self.parameters())
+        if self.scheduler is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": self.scheduler(optimizer)}
