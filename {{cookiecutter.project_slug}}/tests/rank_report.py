@@ -1,0 +1,30 @@
+"""A test-only callback: each process writes what it saw of the job, for the multi-process tests."""
+
+import hashlib
+import json
+from pathlib import Path
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+class ReportRank(Callback):
+    """At the end of `fit`, write `rank<global rank>.json` with the ranks and a digest of the weights."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        digest = hashlib.sha256()
+        for name, tensor in sorted(pl_module.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        report = {
+            "global_rank": trainer.global_rank,
+            "node_rank": trainer.node_rank,
+            "local_rank": trainer.local_rank,
+            "world_size": trainer.world_size,
+            "global_step": trainer.global_step,
+            "weights": digest.hexdigest(),
+        }
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))

@@ -1,0 +1,100 @@
+"""Real multi-node runs on CPU: 2 simulated nodes x 2 processes on 127.0.0.1, over gloo.
+
+Each node is its own process tree, started with only its platform's variables and the plain
+entry command, as the platform would start it. A run passes only if the 4 processes formed
+one job (world size 4, global ranks 0..3, the right node ranks) and ended with identical weights.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, quick_run_args
+
+DEVICES_PER_NODE = 2
+
+
+def train_command(data_dir: Path, tmp_path: Path) -> list[str]:
+    return [
+        "fit",
+        *quick_run_args(data_dir, tmp_path / "run"),
+        "--trainer.devices", str(DEVICES_PER_NODE),
+        "--trainer.callbacks+=tests.rank_report.ReportRank",
+        "--trainer.callbacks.out_dir", str(tmp_path / "reports"),
+    ]  # fmt: skip
+
+
+def start_nodes(commands: list[list[str]], envs: list[dict[str, str]], logs: Path) -> list[subprocess.Popen]:
+    logs.mkdir(parents=True, exist_ok=True)
+    return [
+        subprocess.Popen(
+            command,
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=(logs / f"node{index}.log").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for index, (command, env) in enumerate(zip(commands, envs, strict=True))
+    ]
+
+
+def wait_for_job(nodes: list[subprocess.Popen], logs: Path, timeout: float = 240) -> None:
+    for index, node in enumerate(nodes):
+        try:
+            code = node.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for other in nodes:
+                other.kill()
+            code = "timeout"
+        assert code == 0, f"node {index} ended with {code}:\n" + (logs / f"node{index}.log").read_text()[-4000:]
+
+
+def assert_one_job(reports_dir: Path, num_nodes: int) -> None:
+    reports = [json.loads(path.read_text()) for path in sorted(reports_dir.glob("rank*.json"))]
+    world = num_nodes * DEVICES_PER_NODE
+    assert sorted(report["global_rank"] for report in reports) == list(range(world))
+    for report in reports:
+        assert report["world_size"] == world
+        assert report["global_rank"] == report["node_rank"] * DEVICES_PER_NODE + report["local_rank"]
+    assert len({report["weights"] for report in reports}) == 1, "ranks ended with different weights"
+    assert {report["global_step"] for report in reports} == {4}
+
+
+def node_envs(platform: str, port: int) -> list[dict[str, str]]:
+    if platform == "SING":
+        # SING sets no port variable: both nodes use the configured cluster.main_port.
+        common = {"SING_WORLD_SIZE": "2", "SING_JOB_NAME": "test", "SING_MASTER_ADDR": "127.0.0.1",
+                  "SING_HOSTNAME_SUFFIX": "test-service.demo-project.svc.cluster.local"}  # fmt: skip
+        return [clean_env(**common, SING_RANK=str(rank)) for rank in range(2)]
+    common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+              "JOB_NAME": "test", "SVC_NAME": "test-service", "POD_NAMESPACE": "demo-project"}  # fmt: skip
+    return [clean_env(**common, RANK=str(rank)) for rank in range(2)]
+
+
+@pytest.mark.parametrize("platform", ["SING", "POD"])
+def test_two_nodes_of_two_processes(platform, mnist_dir, tmp_path):
+    port = free_port()
+    command = [sys.executable, str(TRAIN_SCRIPT), *train_command(mnist_dir, tmp_path), "--cluster.main_port", str(port)]
+    nodes = start_nodes([command, command], node_envs(platform, port), tmp_path / "logs")
+    wait_for_job(nodes, tmp_path / "logs")
+    assert_one_job(tmp_path / "reports", num_nodes=2)
+    node0_log = (tmp_path / "logs" / "node0.log").read_text()
+    assert f"[{platform}] node_rank=0 local_rank=1 global_rank=1 world_size=4 main=127.0.0.1:{port}" in node0_log
+
+
+def test_torchrun_two_nodes_with_c10d_rendezvous(mnist_dir, tmp_path):
+    endpoint = f"127.0.0.1:{free_port()}"
+    commands = [
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(DEVICES_PER_NODE),
+         "--node-rank", str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "test",
+         str(TRAIN_SCRIPT), *train_command(mnist_dir, tmp_path)]
+        for rank in range(2)
+    ]  # fmt: skip
+    nodes = start_nodes(commands, [clean_env(), clean_env()], tmp_path / "logs")
+    wait_for_job(nodes, tmp_path / "logs")
+    assert_one_job(tmp_path / "reports", num_nodes=2)
+    assert "[torchrun]" in (tmp_path / "logs" / "node0.log").read_text()
