@@ -191,7 +191,7 @@ def test_num_nodes_comes_from_the_platform(environ):
     platform = detect_platform()
     assert num_nodes(1, platform) == 2
     assert num_nodes(2, platform) == 2
-    with pytest.raises(ClusterConfigError, match="trainer.num_nodes=3 but SING_WORLD_SIZE=2"):
+    with pytest.raises(ClusterConfigError, match=r"trainer\.num_nodes=3 but SING_WORLD_SIZE=2"):
         num_nodes(3, platform)
 
 
@@ -204,12 +204,12 @@ def test_validate_settings_checks_node_count_and_resolves_the_main_address(envir
     environ({**POD_NODE_1, "MASTER_ADDR": "localhost"})
     env = PODEnvironment(address_timeout=1)
     env.validate_settings(num_devices=2, num_nodes=2)
-    with pytest.raises(ClusterConfigError, match="trainer.num_nodes=3 but WORLD_SIZE=2"):
+    with pytest.raises(ClusterConfigError, match=r"trainer\.num_nodes=3 but WORLD_SIZE=2"):
         env.validate_settings(num_devices=2, num_nodes=3)
 
 
 def test_unresolvable_main_address_fails_after_the_timeout_naming_the_host():
-    with pytest.raises(ClusterConfigError, match="'test-0.no-such-service.invalid' did not resolve within 0.3 s"):
+    with pytest.raises(ClusterConfigError, match=r"'test-0\.no-such-service\.invalid' did not resolve within 0\.3 s"):
         wait_until_resolvable("test-0.no-such-service.invalid", timeout=0.3, interval=0.1)
 
 

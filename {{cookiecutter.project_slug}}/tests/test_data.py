@@ -44,7 +44,7 @@ def test_missing_files_without_download_name_the_directory(tmp_path):
     data = MNISTDataModule(data_dir=str(tmp_path / "nowhere"), download=False)
     with pytest.raises(FileNotFoundError, match="nowhere/MNIST/raw"):
         data.prepare_data()
-    with pytest.raises(FileNotFoundError, match="data.download"):
+    with pytest.raises(FileNotFoundError, match=r"data\.download"):
         data.setup("fit")
 
 

@@ -156,9 +156,7 @@ class NodeLevelEnvironment(ClusterEnvironment):
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         # Runs in each node's first process, before Lightning starts the others.
         if num_nodes != self.num_nodes:
-            raise ClusterConfigError(
-                f"trainer.num_nodes={num_nodes} but {self.node_count_variable}={self.num_nodes}"
-            )
+            raise ClusterConfigError(f"trainer.num_nodes={num_nodes} but {self.node_count_variable}={self.num_nodes}")
         wait_until_resolvable(self.main_address, self.address_timeout)
 
 

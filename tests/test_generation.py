@@ -1,0 +1,76 @@
+"""Generating projects: every answer set gives a clean, lint-free project made only of what was chosen."""
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import yaml
+
+from .conftest import ANSWER_SETS
+
+EXPECTED_FILES = [
+    "README.md", "pyproject.toml", ".gitignore", "train.py", "configs/mnist.yaml", "tests/conftest.py",
+]  # fmt: skip
+LEFTOVER = re.compile(r"\{\{|\{%|cookiecutter", re.IGNORECASE)
+
+
+def package_dir(project, answers):
+    return project / "src" / answers.get("package_name", "lightning_mnist")
+
+
+@pytest.mark.parametrize("answer_set", ANSWER_SETS)
+def test_generates_the_expected_layout(projects, answer_set):
+    project, answers = projects[answer_set], ANSWER_SETS[answer_set]
+    for name in EXPECTED_FILES:
+        assert (project / name).is_file(), name
+    for module in ("model", "data", "cluster", "cli"):
+        assert (package_dir(project, answers) / f"{module}.py").is_file(), module
+
+
+@pytest.mark.parametrize("answer_set", ANSWER_SETS)
+def test_unselected_parts_are_removed(projects, answer_set):
+    project, answers = projects[answer_set], ANSWER_SETS[answer_set]
+    assert (project / "LICENSE").exists() == (answers.get("license", "MIT") != "none")
+    assert (project / ".github").exists() == (answers.get("github_actions", "yes") == "yes")
+
+
+@pytest.mark.parametrize("answer_set", ANSWER_SETS)
+def test_no_template_syntax_is_left(projects, answer_set):
+    project = projects[answer_set]
+    for path in project.rglob("*"):
+        if path.is_file() and path.name != ".cruft.json" and "__pycache__" not in path.parts:
+            text = path.read_text(errors="replace")
+            assert not LEFTOVER.search(text), f"{path.relative_to(project)}: {LEFTOVER.search(text).group()}"
+
+
+@pytest.mark.parametrize("answer_set", ANSWER_SETS)
+def test_ruff_lint_and_format_pass(projects, answer_set):
+    project = projects[answer_set]
+    for command in (["check", "."], ["format", "--check", "."]):
+        result = subprocess.run([sys.executable, "-m", "ruff", *command], cwd=project, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_answers_with_quotes_and_backslashes_stay_data(projects):
+    project, answers = projects["quoted"], ANSWER_SETS["quoted"]
+    metadata = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert metadata["description"] == answers["description"]
+    assert metadata["authors"][0]["name"] == answers["author_name"]
+    assert metadata["requires-python"] == ">=3.10"
+    for path in project.rglob("*.py"):
+        ast.parse(path.read_text(), filename=str(path))
+    for path in [*project.rglob("*.yaml"), *project.rglob("*.yml")]:
+        yaml.safe_load_all(path.read_text())
+    assert answers["project_name"] in (project / "README.md").read_text()
+
+
+def test_answers_reach_the_config(projects):
+    config = yaml.safe_load((projects["quoted"] / "configs" / "mnist.yaml").read_text())
+    assert config["trainer"]["logger"]["init_args"]["entity"] == "my-team"
+    assert config["trainer"]["logger"]["init_args"]["project"] == "jo-s-quoted-net"
+    config = yaml.safe_load((projects["minimal"] / "configs" / "mnist.yaml").read_text())
+    assert config["cluster"]["main_port"] == 31234
+    assert config["trainer"]["logger"]["init_args"]["entity"] is None
