@@ -1,7 +1,17 @@
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.utils.data import DataLoader
 
-from {{ cookiecutter.package_name }}.data import MEAN, STD, MNISTDataModule
+from {{ cookiecutter.package_name }}.data import MEAN, STD, InMemoryDataset, MNISTDataModule, already_batched
+from {{ cookiecutter.package_name }}.errors import ConfigError
+
+from .conftest import quick_run_args, run_train
 
 
 def test_train_and_val_split_the_training_files(mnist_dir):
@@ -42,9 +52,9 @@ def test_batches_are_normalised_after_transfer(mnist_dir):
 
 def test_missing_files_without_download_name_the_directory(tmp_path):
     data = MNISTDataModule(data_dir=str(tmp_path / "nowhere"), download=False)
-    with pytest.raises(FileNotFoundError, match="nowhere/MNIST/raw"):
+    with pytest.raises(ConfigError, match="nowhere/MNIST/raw"):
         data.prepare_data()
-    with pytest.raises(FileNotFoundError, match=r"data\.download"):
+    with pytest.raises(ConfigError, match=r"data\.download"):
         data.setup("fit")
 
 
@@ -52,3 +62,105 @@ def test_missing_files_without_download_name_the_directory(tmp_path):
 def test_val_fraction_must_leave_both_parts(fraction):
     with pytest.raises(ValueError, match="val_fraction"):
         MNISTDataModule(val_fraction=fraction)
+
+
+def on_device(data: MNISTDataModule, device: str) -> MNISTDataModule:
+    """`data` as a Trainer training on `device` would see it (the meta device stands in for a GPU)."""
+    data.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
+    return data
+
+
+def test_a_batch_is_cut_whole_with_each_image_beside_its_label():
+    images = torch.arange(10, dtype=torch.uint8).view(10, 1, 1, 1).expand(10, 1, 28, 28).contiguous()
+    dataset = InMemoryDataset(images, torch.arange(10) * 100)
+    loader = DataLoader(dataset, batch_size=4, sampler=[5, 0, 7, 2, 9], collate_fn=already_batched)
+    batches = list(loader)
+    assert [len(labels) for _, labels in batches] == [4, 1]
+    first_images, first_labels = batches[0]
+    assert first_images.shape == (4, 1, 28, 28) and first_images.dtype == torch.uint8
+    assert first_labels.tolist() == [500, 0, 700, 200]
+    assert torch.equal(first_images, images[[5, 0, 7, 2]])
+
+
+def test_on_device_holds_the_data_where_batches_go(mnist_dir):
+    data = on_device(MNISTDataModule(data_dir=str(mnist_dir), download=False, batch_size=16, on_device=True), "meta")
+    data.setup("fit")
+    assert {tensor.device.type for tensor in (*data.train_set.tensors, *data.val_set.tensors)} == {"meta"}
+    loader = data.train_dataloader()
+    assert not loader.pin_memory  # pinning is for copies from the CPU, and there are none
+    images, labels = next(iter(loader))
+    assert images.device.type == labels.device.type == "meta"
+    assert images.shape == (16, 1, 28, 28)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_device_batches_on_a_gpu_are_the_ones_from_memory(mnist_dir):
+    on_gpu = on_device(MNISTDataModule(data_dir=str(mnist_dir), download=False, on_device=True), "cuda")
+    on_gpu.setup("fit")
+    in_memory = InMemoryDataset(*(tensor.cpu() for tensor in on_gpu.train_set.tensors))
+    indices = [7, 3, 11, 0]
+    from_gpu_batch, from_memory_batch = on_gpu.train_set.__getitems__(indices), in_memory.__getitems__(indices)
+    for from_gpu, from_memory in zip(from_gpu_batch, from_memory_batch, strict=True):
+        assert from_gpu.is_cuda
+        assert torch.equal(from_gpu.cpu(), from_memory)
+
+
+def test_batches_for_a_gpu_come_from_pinned_memory(mnist_dir):
+    data = on_device(MNISTDataModule(data_dir=str(mnist_dir), download=False), "cuda")
+    data.setup("fit")
+    assert data.train_set.tensors[0].device.type == "cpu"
+    assert data.train_dataloader().pin_memory
+
+
+def test_workers_are_kept_between_epochs(mnist_dir):
+    data = MNISTDataModule(data_dir=str(mnist_dir), download=False, num_workers=2)
+    data.setup("fit")
+    assert data.train_dataloader().persistent_workers
+    assert not data.train_dataloader().pin_memory  # no GPU here
+
+
+def test_on_device_refuses_workers():
+    with pytest.raises(ValueError, match="num_workers: 0"):
+        MNISTDataModule(on_device=True, num_workers=2)
+
+
+def image_digests(images: torch.Tensor) -> list[str]:
+    return [hashlib.sha256(image.cpu().numpy().tobytes()).hexdigest() for image in images]
+
+
+class RecordTrainingImages(Callback):
+    """Test-only: each process writes which images it trained on in each epoch, in order."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+        self.seen: dict[int, list[str]] = {}
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        self.seen.setdefault(trainer.current_epoch, []).extend(image_digests(batch[0]))
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+def test_each_process_trains_on_its_own_shard_reshuffled_every_epoch(mnist_dir, tmp_path):
+    result = run_train(
+        "fit", *quick_run_args(mnist_dir, tmp_path / "run"),
+        "--trainer.devices", "2", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "1.0",
+        "--data.on_device", "true",
+        "--trainer.callbacks+=tests.test_data.RecordTrainingImages",
+        "--trainer.callbacks.out_dir", str(tmp_path / "seen"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "seen" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+    data = MNISTDataModule(data_dir=str(mnist_dir), download=False)
+    data.setup("fit")
+    normalised, _ = data.on_after_batch_transfer(data.train_set.tensors, dataloader_idx=0)
+    every_image = sorted(image_digests(normalised))
+    for epoch in ("0", "1"):
+        first, second = ranks[0][epoch], ranks[1][epoch]
+        assert len(first) == len(second) == len(every_image) // 2
+        assert sorted(first + second) == every_image  # disjoint shards that cover the training set
+    for seen in ranks:
+        assert seen["0"] != seen["1"], "the same order in two epochs: the sampler was not reshuffled"

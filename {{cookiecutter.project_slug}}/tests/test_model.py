@@ -1,6 +1,9 @@
+import pytest
 import torch
+from lightning.pytorch import Trainer
 from torch.optim.lr_scheduler import StepLR
 
+from {{ cookiecutter.package_name }}.data import MNISTDataModule
 from {{ cookiecutter.package_name }}.model import ConvNet, MNISTClassifier
 
 from .conftest import fake_digits
@@ -48,6 +51,16 @@ def test_optimizer_and_scheduler_are_injected():
     assert isinstance(configured["lr_scheduler"], StepLR)
 
 
+def test_fit_reports_loss_and_accuracy_for_training_and_validation(mnist_dir, tmp_path):
+    trainer = Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=4, limit_val_batches=2, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(MNISTClassifier(), MNISTDataModule(data_dir=str(mnist_dir), download=False, batch_size=32))
+    metrics = trainer.callback_metrics
+    assert {"train/loss", "train/acc", "val/loss", "val/acc"} <= metrics.keys()
+    assert 0 <= metrics["train/acc"] <= 1 and 0 <= metrics["val/acc"] <= 1
+
+
 def test_predict_step_gives_class_and_confidence():
     model = MNISTClassifier().eval()
     images, labels = normalised_batch(8)
@@ -56,3 +69,37 @@ def test_predict_step_gives_class_and_confidence():
     assert out["predicted"].shape == (8,) and out["predicted"].max() < 10
     assert ((out["confidence"] > 0) & (out["confidence"] <= 1)).all()
     assert torch.equal(out["label"], labels)
+
+
+@pytest.fixture
+def compiled_graphs(monkeypatch) -> list[torch.fx.GraphModule]:
+    """The graphs `torch.compile` captures from now on, run as captured (no code generation: fast on CPU)."""
+    graphs = []
+
+    def record(graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(graph)
+        return graph.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda *args, **kwargs: real_compile(*args, **kwargs, backend=record))
+    torch._dynamo.reset()
+    yield graphs
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_compile_option_compiles_the_network_in_place(compile, compiled_graphs):
+    torch.manual_seed(0)
+    model = MNISTClassifier(dropout=0.0, compile=compile)
+    eager = ConvNet(dropout=0.0)
+    eager.load_state_dict(model.net.state_dict())
+    model.configure_model()  # Lightning calls this before fit, validate, test and predict
+
+    images, labels = normalised_batch(8)
+    assert torch.allclose(model(images), eager(images), atol=1e-6)
+    assert bool(compiled_graphs) == compile
+    # Compiled in place: checkpoints of compiled and plain runs load into each other.
+    assert model.net.state_dict().keys() == eager.state_dict().keys()
+    loss = model.training_step((images, labels), batch_idx=0)
+    loss.backward()
+    assert all(parameter.grad is not None for parameter in model.net.parameters())

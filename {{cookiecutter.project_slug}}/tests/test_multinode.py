@@ -14,6 +14,8 @@ import pytest
 
 from .conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, quick_run_args
 
+pytestmark = pytest.mark.slow
+
 DEVICES_PER_NODE = 2
 
 

@@ -1,4 +1,4 @@
-"""The command line: LightningCLI, plus the cluster environment, node count and run directory.
+"""The command line: LightningCLI, plus the cluster environment, node count, run directory and logger mode.
 
 Everything a run writes goes under `trainer.default_root_dir`: checkpoints in `checkpoints/`,
 the logger's files and `config.yaml`, unless the config names other places.
@@ -6,50 +6,58 @@ the logger's files and `config.yaml`, unless the config names other places.
 
 import logging
 import os
+import pickle
+import secrets
 import socket
 import sys
+import zipfile
 from datetime import timedelta
 from netrc import NetrcParseError, netrc
+from pathlib import Path
 from urllib.parse import urlparse
 
+import torch
 from jsonargparse import Namespace
+from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from .checkpointing import PREEMPTED_EXIT_CODE, AtomicCheckpointIO, refusal_reason
 from .cluster import ClusterConfigError, ClusterSettings, Platform, detect_platform, platform_of
 from .data import MNISTDataModule
+from .diagnostics import ExplainDistributedFailure, LogProcessPlacement
+from .errors import ConfigError
 from .model import MNISTClassifier
+from .speed import use_fast_defaults
 
-log = logging.getLogger(__name__)
-
-
-class LogProcessPlacement(Callback):
-    """Each process says once where it sits in the job, to make launch logs easy to check."""
-
-    def __init__(self, platform: str) -> None:
-        self.platform = platform
-
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        environment = getattr(trainer.strategy, "cluster_environment", None)
-        main = f"{environment.main_address}:{environment.main_port}" if environment else "none"
-        log.info(
-            f"[{self.platform}] node_rank={trainer.node_rank} local_rank={trainer.local_rank} "
-            f"global_rank={trainer.global_rank} world_size={trainer.world_size} main={main}"
-        )
+CHECKPOINT_CALLBACKS = (".ModelCheckpoint", ".PreemptionCheckpoint")
+CHECKPOINT_ALIASES = ("last", "best", "hpc")
 
 
 class ProjectCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(ClusterSettings, "cluster")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads the checkpoint right after parsing: check it first.
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            check_checkpoint_path(self.config[subcommand].get("ckpt_path"))
+
     def before_instantiate_classes(self) -> None:
-        trainer = self.config[self.subcommand].trainer
-        put_outputs_under_root_dir(trainer)
-        if any(logger.class_path.endswith(".WandbLogger") for logger in _configured(trainer.logger)):
-            choose_wandb_mode(trainer.default_root_dir)
+        config = self.config[self.subcommand]
+        put_outputs_under_root_dir(config.trainer)
+        use_fast_defaults(config.trainer)  # bf16-mixed on GPUs that support it, unless trainer.precision is set
+        for logger in _configured(config.trainer.logger):
+            if logger.class_path.endswith(".WandbLogger"):
+                choose_wandb_mode(logger.init_args.save_dir)
+                if self.subcommand == "fit":
+                    keep_wandb_run_id(logger, checkpoint_dir(config.trainer))
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self.config_init[self.subcommand]
@@ -58,12 +66,16 @@ class ProjectCLI(LightningCLI):
         platform = platform_of(chosen[0]) if chosen else detect_platform(config.cluster)
         if platform.environment is not None and not chosen:
             plugins.append(platform.environment)
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            plugins.append(AtomicCheckpointIO())
         use_timeout_for_ddp(config.cluster.timeout)
+        callbacks = [
+            *_configured(config.trainer.callbacks),
+            LogProcessPlacement(platform.name),
+            ExplainDistributedFailure(config.cluster.timeout),
+        ]
         return super().instantiate_trainer(
-            plugins=plugins,
-            num_nodes=num_nodes(config.trainer.num_nodes, platform),
-            callbacks=[*_configured(config.trainer.callbacks), LogProcessPlacement(platform.name)],
-            **kwargs,
+            plugins=plugins, num_nodes=num_nodes(config.trainer.num_nodes, platform), callbacks=callbacks, **kwargs
         )
 
 
@@ -91,14 +103,54 @@ def put_outputs_under_root_dir(trainer: Namespace) -> None:
     """Point checkpoint callbacks and loggers that name no directory at `trainer.default_root_dir`."""
     root = trainer.default_root_dir or os.getcwd()
     for callback in _configured(trainer.callbacks):
-        if callback.class_path.endswith(".ModelCheckpoint") and callback.init_args.dirpath is None:
+        if callback.class_path.endswith(CHECKPOINT_CALLBACKS) and callback.init_args.dirpath is None:
             callback.init_args.dirpath = os.path.join(root, "checkpoints")
     for logger in _configured(trainer.logger):
         if logger.init_args.get("save_dir") in (None, "."):
             logger.init_args.save_dir = root
 
 
-def choose_wandb_mode(root_dir: str) -> None:
+def checkpoint_dir(trainer: Namespace) -> Path:
+    for callback in _configured(trainer.callbacks):
+        if callback.class_path.endswith(CHECKPOINT_CALLBACKS):
+            return Path(callback.init_args.dirpath)
+    return Path(trainer.default_root_dir or os.getcwd(), "checkpoints")
+
+
+def check_checkpoint_path(ckpt_path: str | None) -> None:
+    """Refuse a checkpoint path that is missing or not a checkpoint before anything is written."""
+    if ckpt_path is None or ckpt_path in CHECKPOINT_ALIASES or "://" in ckpt_path:
+        return
+    if not Path(ckpt_path).is_file():
+        raise ConfigError(f"ckpt_path {ckpt_path} does not exist")
+    if not zipfile.is_zipfile(ckpt_path):
+        raise ConfigError(f"ckpt_path {ckpt_path} is not a checkpoint (torch.save writes zip archives)")
+    try:  # memory-mapped: only the pickled structure is read, not the tensors
+        torch.load(ckpt_path, weights_only=True, mmap=True, map_location="cpu")
+    except pickle.UnpicklingError as error:
+        raise ConfigError(f"refused to load ckpt_path {ckpt_path}: {refusal_reason(error)}") from None
+
+
+def keep_wandb_run_id(logger: Namespace, checkpoints: Path) -> None:
+    """Give the wandb logger the same run id each time the job restarts, kept beside the checkpoints."""
+    if logger.init_args.get("id"):
+        return
+    id_file = checkpoints / "wandb-run-id"
+    if not id_file.exists():
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        # Several processes may get here at once: the first to link its id into place wins.
+        candidate = checkpoints / f".wandb-run-id.{os.getpid()}"
+        candidate.write_text(secrets.token_hex(4))  # wandb's own ids are 8 characters too
+        try:
+            os.link(candidate, id_file)
+        except FileExistsError:
+            pass
+        finally:
+            candidate.unlink()
+    logger.init_args.id = id_file.read_text().strip()
+
+
+def choose_wandb_mode(save_dir: str) -> None:
     """Log online when there is an API key and the server answers; otherwise offline. Never fail."""
     if "WANDB_MODE" in os.environ:
         return
@@ -111,8 +163,8 @@ def choose_wandb_mode(root_dir: str) -> None:
         return
     os.environ["WANDB_MODE"] = "offline"
     rank_zero_info(
-        f"wandb: {reason}, so this run logs offline to {root_dir}/wandb."
-        f" Upload it later with: wandb sync {root_dir}/wandb/offline-run-*"
+        f"wandb: {reason}, so this run logs offline to {save_dir}/wandb."
+        f" Upload it later with: wandb sync {save_dir}/wandb/offline-run-*"
     )
 
 
@@ -156,6 +208,9 @@ def main(args: list[str] | None = None) -> None:
             save_config_kwargs={"overwrite": True},  # a rerun in the same directory resumes, not refuses
             args=args,
         )
-    except ClusterConfigError as error:
+    except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except SIGTERMException:
+        # Lightning ends a process stopped by SIGTERM outside training with status 0: it did not finish.
+        sys.exit(PREEMPTED_EXIT_CODE)

@@ -20,12 +20,14 @@ from datetime import timedelta
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+from .errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAIN_PORT = {{ cookiecutter.main_port }}
 
 
-class ClusterConfigError(ValueError):
+class ClusterConfigError(ConfigError):
     """A platform variable is missing or wrong. Raised before any process group is formed."""
 
 

@@ -40,7 +40,8 @@ class MNISTClassifier(LightningModule):
     """Trains `ConvNet` with cross-entropy and reports accuracy for train, val and test.
 
     The optimizer and learning-rate scheduler are injected (see `configs/mnist.yaml`),
-    so trying another one is a config change, not a code change.
+    so trying another one is a config change, not a code change. `compile: true` runs the
+    network through `torch.compile`: faster steps on GPUs once the first steps have compiled it.
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class MNISTClassifier(LightningModule):
         dropout: float = 0.25,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         scheduler: LRSchedulerCallable | None = None,
+        compile: bool = False,
     ):
         super().__init__()
         # The optimizer and scheduler are callables, not data: LightningCLI records them in the config.
@@ -61,6 +63,11 @@ class MNISTClassifier(LightningModule):
         self.val_accuracy = MulticlassAccuracy(NUM_CLASSES, average="micro")
         self.test_accuracy = MulticlassAccuracy(NUM_CLASSES, average="micro")
 
+    def configure_model(self) -> None:
+        # Compiled in place: the checkpoint's parameter names stay those of the plain network.
+        if self.hparams.compile:
+            self.net.compile()
+
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images)
 
@@ -68,10 +75,14 @@ class MNISTClassifier(LightningModule):
         images, labels = batch
         logits = self(images)
         loss = F.cross_entropy(logits, labels)
-        self.train_accuracy(logits, labels)
+        # Accumulate only; the epoch's accuracy is computed and logged once, in on_train_epoch_end.
+        self.train_accuracy.update(logits, labels)
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/acc", self.train_accuracy, on_step=False, on_epoch=True)
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        # Once per epoch, not per step: each self.log call costs about a millisecond of bookkeeping.
+        self.log("train/acc", self.train_accuracy)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_accuracy)
@@ -88,7 +99,7 @@ class MNISTClassifier(LightningModule):
     def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str, accuracy: MulticlassAccuracy) -> None:
         images, labels = batch
         logits = self(images)
-        accuracy(logits, labels)
+        accuracy.update(logits, labels)  # computed over the whole epoch when it is logged
         self.log(f"{stage}/loss", F.cross_entropy(logits, labels), sync_dist=True)
         self.log(f"{stage}/acc", accuracy, prog_bar=True)
 

@@ -1,0 +1,435 @@
+"""Measure a generated project against plain PyTorch, side by side, on this machine.
+
+Generates the default project, writes the shipped real MNIST sample in torchvision's layout, then
+repeats, interleaved so that drifting machine load touches every case alike:
+
+- the template's real `fit` (train.py with the default config: wandb offline, checkpointing,
+  progress bar) and a plain PyTorch loop (`reference.py`), with 1 process and with 2 DDP
+  processes: steady-state images/s (`timing.py`);
+- start-up: process start to first optimizer step, and the floor of importing torch, torchvision
+  and lightning in a fresh process;
+- the DataModule's training loader alone (`loader.py`).
+
+Two things are held the same for every process, because they move throughput more than anything
+the template does:
+- one torch thread per process (OMP_NUM_THREADS=1), so 2 processes on 2 cores measure scaling,
+  not thread contention;
+- glibc's malloc keeps freed memory for reuse (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_).
+  By default it hands large freed blocks (a batch's activations) back to the system and takes
+  them again on the next step; whether a process falls into that pattern is chance (from about 0
+  to 6,000 page faults per step here) and costs it up to 20% in either program. The CPU run also
+  measures one case with glibc's defaults, to show that effect.
+
+Medians go to a table and to OUT/results.json.
+
+    python bench/benchmark.py [--out build/bench] [--repeats 3] [--steps 40]
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+BENCH = Path(__file__).resolve().parent
+TEMPLATE = BENCH.parent
+
+IMPORT_FLOOR = "import torch, torchvision, lightning"
+TARGETS = {"template_vs_reference": 0.95, "loader_vs_training": 5.0, "startup_over_floor_s": 2.0}
+REUSE_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+# On a GPU the template's 1-process run is repeated with each of these overrides of the default config.
+GPU_VARIANTS = {
+    "eager 32-true": ["--trainer.precision", "32-true"],
+    "compiled": ["--model.compile", "true"],
+    "data on the GPU": ["--data.on_device", "true"],
+}
+CLUSTER_PREFIXES = ("SING_", "SLURM_", "TORCHELASTIC_", "PL_", "LSB_", "OMPI_", "PMI_")
+CLUSTER_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "JOB_NAME", "SVC_NAME", "POD_NAMESPACE"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Case:
+    """A throughput comparison: the template and the reference, run the same way."""
+
+    name: str
+    processes: int
+    glibc_malloc_defaults: bool = False  # True: without REUSE_FREED_MEMORY
+    counts_for_target: bool = True
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=TEMPLATE / "build" / "bench", help="work and result directory")
+    parser.add_argument("--project", type=Path, help="an already generated project (default: generate one)")
+    parser.add_argument("--package", default="lightning_mnist", help="its package name (with --project)")
+    parser.add_argument("--data-dir", type=Path, help="MNIST in torchvision's layout (default: the shipped sample)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=10, help="optimizer steps before the timed window")
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps timed")
+    parser.add_argument("--batch-size", type=int, help="images per process and step (default: the config's)")
+    parser.add_argument("--loader-seconds", type=float, default=3.0)
+    parser.add_argument("--accelerator", choices=["auto", "cpu", "gpu"], default="auto")
+    return parser.parse_args(argv)
+
+
+def cases(accelerator: str) -> list[Case]:
+    if accelerator == "gpu":  # NCCL needs a GPU per process
+        return [Case("1 process", 1)] + ([Case("2 processes (DDP)", 2)] if torch.cuda.device_count() > 1 else [])
+    return [
+        Case("1 process", 1),
+        Case("2 processes (DDP)", 2),
+        Case("1 process, glibc malloc defaults", 1, glibc_malloc_defaults=True, counts_for_target=False),
+    ]
+
+
+# ---------------------------------------------------------------- running one measurement
+
+
+class Runner:
+    """Starts the measured processes with a clean environment and collects what they write."""
+
+    def __init__(self, args: argparse.Namespace, project: Path, data_dir: Path, accelerator: str) -> None:
+        self.args = args
+        self.project = project
+        self.data_dir = data_dir
+        self.accelerator = accelerator
+        self.work = args.out / "runs"
+        self.logs = args.out / "logs"
+        for directory in (self.work, self.logs):
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+        env = {k: v for k, v in os.environ.items() if k not in CLUSTER_NAMES and not k.startswith(CLUSTER_PREFIXES)}
+        for name in REUSE_FREED_MEMORY:
+            env.pop(name, None)
+        env.update(
+            OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
+            WANDB_MODE="offline",  # the default logger, with no network or account
+            PYTHONUNBUFFERED="1",
+            PYTHONPATH=os.pathsep.join([str(project / "src"), str(BENCH)]),
+        )
+        self.glibc_default_env = env
+        self.env = {**env, **REUSE_FREED_MEMORY}
+
+    def import_floor(self, name: str) -> float:
+        started = self._run(name, [sys.executable, "-c", IMPORT_FLOOR], self.env)
+        return time.time() - started
+
+    def template(self, name: str, case: Case, overrides: list[str] = ()) -> dict:
+        out, run_dir = self.work / f"{name}.json", self.work / name
+        timer = {
+            "class_path": "step_timer.StepTimer",
+            "init_args": {"out": str(out), "warmup": self.args.warmup, "steps": self.args.steps},
+        }
+        command = [
+            sys.executable, "train.py", "fit", "--config", "configs/mnist.yaml",
+            "--data.data_dir", str(self.data_dir), "--data.download", "false",
+            "--trainer.accelerator", self.accelerator, "--trainer.devices", str(case.processes),
+            "--trainer.max_steps", str(self.args.warmup + self.args.steps),
+            "--trainer.default_root_dir", str(run_dir),
+            *self._batch_size_option("--data.batch_size"),
+            *overrides,
+            f"--trainer.callbacks+={json.dumps(timer)}",
+        ]  # fmt: skip
+        started = self._run(name, command, self._env(case))
+        return self._result(out, started)
+
+    def reference(self, name: str, case: Case, precision: str) -> dict:
+        out = self.work / f"{name}.json"
+        command = [
+            sys.executable, str(BENCH / "reference.py"), "--package", self.args.package,
+            "--config", "configs/mnist.yaml", "--data-dir", str(self.data_dir), "--out", str(out),
+            "--warmup", str(self.args.warmup), "--steps", str(self.args.steps),
+            "--accelerator", self.accelerator, "--precision", precision,
+            *self._batch_size_option("--batch-size"),
+        ]  # fmt: skip
+        if case.processes == 1:
+            return self._result(out, self._run(name, command, self._env(case)))
+        # Like torchrun: every process gets its rank and the rendezvous address in the environment.
+        port, started = free_port(), time.time()
+        workers = []
+        for rank in range(case.processes):
+            env = dict(self._env(case), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(case.processes),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+            log = self.logs / f"{name}-rank{rank}.log"
+            with open(log, "w") as output:
+                worker = subprocess.Popen(command, cwd=self.project, env=env, stdout=output, stderr=subprocess.STDOUT)
+            workers.append((worker, log))
+        for worker, log in workers:
+            returncode = worker.wait(timeout=600)
+            if returncode != 0:
+                raise RuntimeError(f"{name} exited {returncode}; the end of {log}:\n{log.read_text()[-3000:]}")
+        return self._result(out, started)
+
+    def loader(self, name: str) -> dict:
+        out = self.work / f"{name}.json"
+        command = [
+            sys.executable, str(BENCH / "loader.py"), "--package", self.args.package,
+            "--config", "configs/mnist.yaml", "--data-dir", str(self.data_dir),
+            "--out", str(out), "--seconds", str(self.args.loader_seconds), *self._batch_size_option("--batch-size"),
+        ]  # fmt: skip
+        self._run(name, command, self.env)
+        return json.loads(out.read_text())
+
+    def _env(self, case: Case) -> dict[str, str]:
+        return self.glibc_default_env if case.glibc_malloc_defaults else self.env
+
+    def _batch_size_option(self, option: str) -> list[str]:
+        return [] if self.args.batch_size is None else [option, str(self.args.batch_size)]
+
+    def _run(self, name: str, command: list[str], env: dict[str, str]) -> float:
+        """Run to completion; the wall-clock time (`time.time()`) it was started at."""
+        log = self.logs / f"{name}.log"
+        with open(log, "w") as output:
+            started = time.time()
+            done = subprocess.run(
+                command, cwd=self.project, env=env, stdout=output, stderr=subprocess.STDOUT, timeout=600, check=False
+            )
+        if done.returncode != 0:
+            raise RuntimeError(f"{name} exited {done.returncode}; the end of {log}:\n{log.read_text()[-3000:]}")
+        return started
+
+    @staticmethod
+    def _result(out: Path, started: float) -> dict:
+        result = json.loads(out.read_text())
+        first_step = result.pop("first_step_wall_time")
+        return {**result, "startup_s": first_step - started}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------- the whole benchmark
+
+
+def prepare(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The generated project and the MNIST directory to measure with."""
+    sys.path.insert(0, str(TEMPLATE / "scripts"))
+    from mnist_sample import write_split
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    project = args.project
+    if project is None:
+        from cookiecutter.main import cookiecutter
+
+        shutil.rmtree(args.out / "project", ignore_errors=True)
+        project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(args.out / "project")))
+    data_dir = args.data_dir
+    if data_dir is None:
+        data_dir = args.out / "data"
+        write_split(data_dir, train=8000)
+    return project.resolve(), data_dir.resolve()
+
+
+def measure(args: argparse.Namespace, runner: Runner, precision: str) -> dict[str, list]:
+    """Every measurement, `args.repeats` times, in interleaved order."""
+    samples: dict[str, list] = {"import_floor_s": [], "loader": []}
+    variants = GPU_VARIANTS if runner.accelerator == "gpu" else {}
+    for repeat in range(args.repeats):
+        print(f"repeat {repeat + 1}/{args.repeats}", flush=True)
+        samples["import_floor_s"].append(runner.import_floor(f"import-floor-{repeat}"))
+        for number, case in enumerate(cases(runner.accelerator)):
+            template = runner.template(f"template-{number}-{repeat}", case)
+            reference = runner.reference(f"reference-{number}-{repeat}", case, precision)
+            samples.setdefault(f"template: {case.name}", []).append(template)
+            samples.setdefault(f"reference: {case.name}", []).append(reference)
+        samples["loader"].append(runner.loader(f"loader-{repeat}"))
+        for number, (variant, overrides) in enumerate(variants.items()):
+            sample = runner.template(f"template-gpu-{number}-{repeat}", Case(variant, 1), overrides)
+            samples.setdefault(f"template: 1 process, {variant}", []).append(sample)
+    return samples
+
+
+def summarise(samples: dict[str, list], accelerator: str, precision: str, batch_size: int) -> dict:
+    """Medians, and ratios of measurements taken back to back (paired per repeat, then the median)."""
+
+    def median(key: str, field: str = "images_per_s") -> float:
+        return statistics.median(sample[field] for sample in samples[key])
+
+    def paired(key_a: str, key_b: str, figure) -> list[float]:
+        return [figure(a, b) for a, b in zip(samples[key_a], samples[key_b], strict=True)]
+
+    def throughput_ratio(a: dict, b: dict, field: str = "images_per_s") -> float:
+        return a[field] / b[field]
+
+    throughput = {}
+    for case in cases(accelerator):
+        template, reference = f"template: {case.name}", f"reference: {case.name}"
+        images_per_step = batch_size * case.processes
+
+        def overhead_ms(a: dict, b: dict, images: int = images_per_step) -> float:
+            return 1000 * images * (1 / a["images_per_s"] - 1 / b["images_per_s"])
+
+        def median_step_ratio(a: dict, b: dict) -> float:
+            return throughput_ratio(a, b, "images_per_s_median_step")
+
+        ratios = paired(template, reference, throughput_ratio)
+        throughput[case.name] = {
+            "processes": case.processes,
+            "glibc_malloc_defaults": case.glibc_malloc_defaults,
+            "counts_for_target": case.counts_for_target,
+            "template_images_per_s": median(template),
+            "reference_images_per_s": median(reference),
+            "template_vs_reference": statistics.median(ratios),
+            "template_vs_reference_range": [min(ratios), max(ratios)],
+            # Less disturbed by other programs than the mean: the steps' median, and CPU time.
+            "template_vs_reference_median_step": statistics.median(paired(template, reference, median_step_ratio)),
+            "template_vs_reference_cpu_time": statistics.median(
+                paired(template, reference, lambda a, b: throughput_ratio(a, b, "images_per_cpu_s"))
+            ),
+            # What the template adds to each optimizer step (negative: it was faster).
+            "template_overhead_ms_per_step": statistics.median(paired(template, reference, overhead_ms)),
+            "page_faults_per_step": {
+                "template": median(template, "page_faults_per_step"),
+                "reference": median(reference, "page_faults_per_step"),
+            },
+        }
+    floors = samples["import_floor_s"]
+    startups = [sample["startup_s"] for sample in samples["template: 1 process"]]
+    training = throughput["1 process"]["template_images_per_s"]
+    results = {
+        "machine": {
+            "accelerator": accelerator,
+            "precision": precision,
+            "cpus": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name(0) if accelerator == "gpu" else None,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "threads_per_process": 1,
+            "batch_size_per_process": batch_size,
+            "malloc_settings": REUSE_FREED_MEMORY,
+        },
+        "throughput": throughput,
+        "startup": {
+            "template_s": statistics.median(startups),
+            "reference_s": median("reference: 1 process", "startup_s"),
+            "import_floor_s": statistics.median(floors),
+            "template_over_floor_s": statistics.median(t - f for t, f in zip(startups, floors, strict=True)),
+        },
+        "loader": {
+            "loader_images_per_s": median("loader"),
+            "training_images_per_s": training,
+            "loader_vs_training": median("loader") / training,
+        },
+    }
+    if "2 processes (DDP)" in throughput:
+        results["scaling"] = {
+            side + "_2p_vs_1p": statistics.median(
+                paired(f"{side}: 2 processes (DDP)", f"{side}: 1 process", throughput_ratio)
+            )
+            for side in ("template", "reference")
+        }
+    if accelerator == "gpu":
+        results["gpu_images_per_s"] = {f"default ({precision})": training}
+        for variant in GPU_VARIANTS:
+            results["gpu_images_per_s"][variant] = median(f"template: 1 process, {variant}")
+    results["targets"] = TARGETS
+    results["met"] = {
+        "template_vs_reference": all(
+            case["template_vs_reference"] >= TARGETS["template_vs_reference"]
+            for case in throughput.values()
+            if case["counts_for_target"]
+        ),
+        "loader_vs_training": results["loader"]["loader_vs_training"] >= TARGETS["loader_vs_training"],
+        "startup_over_floor_s": results["startup"]["template_over_floor_s"] <= TARGETS["startup_over_floor_s"],
+    }
+    results["samples"] = samples
+    return results
+
+
+def table(results: dict, repeats: int) -> str:
+    machine, targets = results["machine"], results["targets"]
+    gpu = f", {machine['gpu']}" if machine["gpu"] else ""
+    lines = [
+        (
+            f"Medians of {repeats} repeats on {machine['accelerator']} ({machine['cpus']} CPUs{gpu}), one torch thread"
+            f" per process, batch {machine['batch_size_per_process']} per process, precision {machine['precision']},"
+            f" torch {machine['torch']}"
+        ),
+        "",
+        (
+            f"{'images/s':<34}{'template':>9}{'reference':>10}{'template/reference':>19}{'(range)':>13}"
+            f"{'median step':>12}{'CPU time':>9}{'overhead/step':>15}{'faults/step':>13}"
+        ),
+    ]
+    for name, case in results["throughput"].items():
+        low, high = case["template_vs_reference_range"]
+        ratio_range = f"({low:.2f}-{high:.2f})"
+        faults = "{template:.0f}/{reference:.0f}".format(**case["page_faults_per_step"])
+        lines.append(
+            f"{name:<34}{case['template_images_per_s']:>9.0f}{case['reference_images_per_s']:>10.0f}"
+            f"{case['template_vs_reference']:>19.3f}{ratio_range:>13}"
+            f"{case['template_vs_reference_median_step']:>12.3f}{case['template_vs_reference_cpu_time']:>9.3f}"
+            f"{case['template_overhead_ms_per_step']:>12.2f} ms{faults:>13}"
+        )
+    if "scaling" in results:
+        scaling = results["scaling"]
+        template, reference = scaling["template_2p_vs_1p"], scaling["reference_2p_vs_1p"]
+        lines.append(f"{'scaling, 1 -> 2 processes':<34}{template:>8.2f}x{reference:>9.2f}x")
+    startup, loader = results["startup"], results["loader"]
+    lines += [
+        "",
+        (
+            f"start-up to the first optimizer step: template {startup['template_s']:.2f} s, plain PyTorch"
+            f" {startup['reference_s']:.2f} s; the floor ({IMPORT_FLOOR}) {startup['import_floor_s']:.2f} s;"
+            f" template - floor {startup['template_over_floor_s']:+.2f} s"
+        ),
+        (
+            f"train loader alone: {loader['loader_images_per_s']:.0f} images/s, {loader['loader_vs_training']:.0f}x"
+            f" what training consumes ({loader['training_images_per_s']:.0f} images/s)"
+        ),
+    ]
+    for variant, images_per_s in results.get("gpu_images_per_s", {}).items():
+        lines.append(f"GPU, 1 process, {variant}: {images_per_s:.0f} images/s")
+    lines += [
+        "",
+        (
+            f"targets: template/reference >= {targets['template_vs_reference']} (every row but the glibc-defaults one),"
+            f" loader >= {targets['loader_vs_training']:g}x training,"
+            f" start-up <= floor + {targets['startup_over_floor_s']:g} s"
+        ),
+        "met: " + ", ".join(f"{name} {'yes' if met else 'NO'}" for name, met in results["met"].items()),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    args.out = args.out.resolve()
+    accelerator = args.accelerator
+    if accelerator == "auto":
+        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    project, data_dir = prepare(args)
+    sys.path.insert(0, str(project / "src"))
+    from importlib import import_module
+
+    precision = import_module(f"{args.package}.speed").default_precision(accelerator)
+    config = yaml.safe_load((project / "configs" / "mnist.yaml").read_text())
+    batch_size = args.batch_size or config["data"]["batch_size"]
+    runner = Runner(args, project, data_dir, accelerator)
+    started = time.monotonic()
+    samples = measure(args, runner, precision)
+    results = summarise(samples, accelerator, precision, batch_size)
+    results["benchmark_seconds"] = time.monotonic() - started
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    print(table(results, args.repeats))
+    print(f"\nfigures: {args.out / 'results.json'}; logs: {runner.logs}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Step timing shared by the template run (`step_timer.py`) and the plain PyTorch reference (`reference.py`).
+
+Both call `StepClock.tick(epoch, images)` right after each optimizer step and write the same
+JSON, so the two sides are timed over exactly the same window:
+
+- steady-state throughput: images per second over the steps after `warmup`, counting only the
+  intervals between two steps of the same epoch (an epoch boundary holds validation and
+  checkpointing in the template and nothing in the reference: neither is training throughput);
+- over the same intervals, diagnostics that other programs on the machine disturb less than the
+  mean: the median step's throughput, the CPU time of this process (all its threads, so work
+  done in background threads counts) and the page faults per step (memory the C library handed
+  back to the system and takes again);
+- the wall-clock time (`time.time()`) of the first optimizer step, from which the benchmark,
+  which knows when it started the process, computes the start-up time.
+"""
+
+import itertools
+import json
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+
+class Tick(NamedTuple):
+    wall: float  # time.perf_counter()
+    cpu: float  # time.process_time()
+    page_faults: int
+    epoch: int
+    images: int  # trained on in the step that just ended, over all processes
+
+
+class StepClock:
+    def __init__(self, warmup: int, steps: int, synchronize: Callable[[], None] | None = None) -> None:
+        """`synchronize` waits for queued GPU work; it is called only where the timed window starts and ends,
+        so that the GPU can run ahead of the Python code in between, as it does in a normal run."""
+        if warmup < 1 or steps < 1:
+            raise ValueError(f"warmup and steps must be at least 1, got {warmup} and {steps}")
+        self.warmup = warmup
+        self.steps = steps
+        self.synchronize = synchronize
+        self.first_step_wall_time: float | None = None
+        self.ticks: list[Tick] = []
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup + self.steps
+
+    @property
+    def done(self) -> bool:
+        return len(self.ticks) >= self.total_steps
+
+    def tick(self, epoch: int, images: int) -> None:
+        """After an optimizer step of `epoch` that trained on `images` images (over all processes)."""
+        if self.first_step_wall_time is None:
+            self.first_step_wall_time = time.time()
+        if self.done:
+            return
+        if self.synchronize is not None and len(self.ticks) in (self.warmup - 1, self.total_steps - 1):
+            self.synchronize()
+        page_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        self.ticks.append(Tick(time.perf_counter(), time.process_time(), page_faults, epoch, images))
+
+    def result(self) -> dict:
+        if not self.done:
+            raise RuntimeError(f"only {len(self.ticks)} of {self.total_steps} steps were timed")
+        window = self.ticks[self.warmup - 1 :]
+        steps = [(start, end) for start, end in itertools.pairwise(window) if start.epoch == end.epoch]
+        if not steps:
+            raise RuntimeError("every timed step crossed an epoch boundary: use more data or fewer steps")
+        images = sum(end.images for _, end in steps)
+        return {
+            "images_per_s": images / sum(end.wall - start.wall for start, end in steps),
+            "images_per_s_median_step": statistics.median(end.images / (end.wall - start.wall) for start, end in steps),
+            "images_per_cpu_s": images / sum(end.cpu - start.cpu for start, end in steps),
+            "page_faults_per_step": sum(end.page_faults - start.page_faults for start, end in steps) / len(steps),
+            "steps_timed": len(steps),
+            "first_step_wall_time": self.first_step_wall_time,
+        }
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.result(), indent=2))

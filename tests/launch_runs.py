@@ -1,0 +1,71 @@
+"""Helpers for running a generated project's launch scripts for real, on CPU, as a user would."""
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+TRAIN_STEPS = 4
+CLUSTER_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                     "JOB_NAME", "SVC_NAME", "POD_NAMESPACE"}  # fmt: skip
+CLUSTER_PREFIXES = ("SLURM_", "SING_", "TORCHELASTIC_", "PET_", "POD_", "PL_")
+
+
+def write_fake_mnist(project: Path, root: Path) -> Path:
+    """Small synthetic MNIST files, written by the generated project's own test helper."""
+    spec = importlib.util.spec_from_file_location("generated_project_conftest", project / "tests" / "conftest.py")
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+    return helpers.write_fake_mnist(root)
+
+
+def launch_environment(project: Path, **variables: str) -> dict[str, str]:
+    """This environment without any cluster variables, with the project importable, plus `variables`."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in CLUSTER_VARIABLES and not name.startswith(CLUSTER_PREFIXES)
+    }
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",  # python and torchrun of this venv
+        PYTHONPATH=str(project / "src"),  # stands in for `pip install -e .`
+        WANDB_MODE="offline",
+        PYTHONUNBUFFERED="1",
+        **variables,
+    )
+    return env
+
+
+def quick_cpu_run(data: Path, out: Path) -> list[str]:
+    """train.py arguments: a few steps on CPU over gloo; each rank reports to out/reports/."""
+    return [
+        "--trainer.accelerator", "cpu",
+        "--trainer.max_epochs", "1",
+        "--trainer.limit_train_batches", str(TRAIN_STEPS),
+        "--trainer.limit_val_batches", "2",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(out / "run"),
+        "--data.data_dir", str(data),
+        "--data.download", "false",
+        "--data.batch_size", "32",
+        "--trainer.callbacks+=tests.rank_report.ReportRank",
+        "--trainer.callbacks.out_dir", str(out / "reports"),
+    ]  # fmt: skip
+
+
+def rank_reports(out: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted((out / "reports").glob("rank*.json"))]
+
+
+def assert_one_process_group(out: Path, world: int, processes_per_node: int, log: str = "") -> list[dict]:
+    """Every rank reported, all in one job of `world` processes, placed by node, with the same weights."""
+    reports = rank_reports(out)
+    assert sorted(report["global_rank"] for report in reports) == list(range(world)), log[-4000:]
+    for report in reports:
+        assert report["world_size"] == world
+        assert report["node_rank"] == report["global_rank"] // processes_per_node
+        assert report["local_rank"] == report["global_rank"] % processes_per_node
+    assert len({report["weights"] for report in reports}) == 1, "ranks ended with different weights"
+    assert len({report["global_step"] for report in reports}) == 1
+    return reports

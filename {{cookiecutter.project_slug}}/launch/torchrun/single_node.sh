@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Train on one machine with one process per GPU:
+#   bash launch/torchrun/single_node.sh [more train.py arguments, e.g. --trainer.max_epochs 10]
+set -euo pipefail
+
+# ---- Parameters (set them in the environment to override) ----------------------------------
+NPROC_PER_NODE="${NPROC_PER_NODE:-gpu}"  # processes on this machine; "gpu" = one per visible GPU
+# ---------------------------------------------------------------------------------------------
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."  # the project root, where train.py is
+# Lightning must drive as many devices as torchrun starts processes ("auto": every visible GPU).
+DEVICES=auto
+[[ "${NPROC_PER_NODE}" == gpu ]] || DEVICES="${NPROC_PER_NODE}"
+exec torchrun --standalone --nproc-per-node="${NPROC_PER_NODE}" \
+    train.py fit --config configs/mnist.yaml --trainer.devices "${DEVICES}" "$@"

@@ -1,0 +1,137 @@
+"""Checkpoints that survive preemption: atomic writes, a checkpoint on SIGTERM, and the RNG state.
+
+A restarted job runs the same command again; `ckpt_path: last` in the config then resumes from
+the newest of `last.ckpt` and `preempted.ckpt` in the checkpoint directory.
+"""
+
+import os
+import pickle
+import random
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
+
+from .errors import ConfigError
+
+PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM  # 143, what platforms expect from a terminated job
+PREEMPTED_WAIT_SECONDS = 60  # for the other processes of a node to stop after the checkpoint
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write each checkpoint to a temporary file beside it, fsync, then rename it into place.
+
+    A reader (or a restarted job) sees the old file or the new one, never half of one, even on
+    network filesystems where Lightning's own save (via the system temp dir) is a plain copy.
+    Loading uses `weights_only=True` unless asked otherwise: a checkpoint cannot run code.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as temporary:
+            try:
+                torch.save(checkpoint, temporary)
+                temporary.flush()
+                os.fsync(temporary.fileno())
+            except BaseException:
+                os.unlink(temporary.name)
+                raise
+        os.replace(temporary.name, path)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # make the rename itself durable
+        finally:
+            os.close(directory)
+
+    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> Any:
+        try:
+            return super().load_checkpoint(path, map_location, weights_only=weights_only is not False)
+        except pickle.UnpicklingError as error:
+            raise ConfigError(f"refused to load {path}: {refusal_reason(error)}") from None
+
+
+def refusal_reason(error: pickle.UnpicklingError) -> str:
+    """Why torch.load(weights_only=True) refused a file, in one line."""
+    blocked = [line.strip() for line in str(error).splitlines() if "GLOBAL" in line]
+    detail = blocked[0] if blocked else str(error).splitlines()[0]
+    return f"it holds objects other than tensors and plain data, which could run code ({detail})"
+
+
+class PreemptionCheckpoint(OnExceptionCheckpoint):
+    """On SIGTERM, every process stops at the same step, a resumable checkpoint is saved, and the job exits 143.
+
+    Kubernetes, cloud platforms and Slurm send SIGTERM before they stop a job. A process that
+    receives it only raises a flag; every `check_every_n_steps` training steps all processes agree
+    whether any of them was signalled, so they stop together and save one consistent checkpoint.
+    The checkpoint is deleted once a later run finishes training.
+    """
+
+    def __init__(self, dirpath: str | None = None, filename: str = "preempted", check_every_n_steps: int = 10) -> None:
+        # dirpath None: the command line puts it in the run's checkpoints/ directory.
+        super().__init__(dirpath or "checkpoints", filename)
+        # Agreeing costs a collective and a device sync, so it happens every few steps, not every one.
+        self.check_every_n_steps = check_every_n_steps
+        self._signalled = False
+        self._batches = 0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Replaces Lightning's own SIGTERM handler, which stops only the process signalled and
+        # exits 0; Lightning restores the previous handlers when training ends.
+        def flag(signum: int, frame: Any) -> None:
+            self._signalled = True
+            if trainer.strategy.launcher is not None:  # pass it on to the processes Lightning started
+                trainer.strategy.launcher.kill(signum)
+
+        signal.signal(signal.SIGTERM, flag)
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        self._batches += 1
+        if self._batches % self.check_every_n_steps:
+            return
+        if trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
+            trainer.save_checkpoint(self.ckpt_path)
+            rank_zero_info(f"SIGTERM: saved {self.ckpt_path} at step {trainer.global_step}; exiting")
+            # The node's first process ends last, so the platform sees the node finished when it exits.
+            for process in getattr(trainer.strategy.launcher, "procs", []):
+                process.wait(timeout=PREEMPTED_WAIT_SECONDS)
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+
+    def on_exception(self, trainer: Trainer, *args: Any) -> None:
+        # Only a coordinated stop saves: after a crash the other processes may never join a save.
+        pass
+
+
+class RNGStateCheckpoint(Callback):
+    """Keep the random number generators' state in checkpoints, so a resumed run draws what it would have.
+
+    States are stored as tensors and lists: checkpoints must load with `weights_only=True`.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        numpy_state = np.random.get_state()
+        version, internal, gauss_next = random.getstate()
+        state = {
+            "torch": torch.get_rng_state(),
+            "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].copy()), *numpy_state[2:]],
+            "python": [version, list(internal), gauss_next],
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        name, keys, *rest = state["numpy"]
+        np.random.set_state((name, keys.numpy(), *rest))
+        version, internal, gauss_next = state["python"]
+        random.setstate((version, tuple(internal), gauss_next))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])

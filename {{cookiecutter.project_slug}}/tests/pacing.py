@@ -1,0 +1,21 @@
+"""A test-only callback that slows training down and says when a step is done, so a test can act mid-epoch."""
+
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, Trainer
+
+
+class PaceSteps(Callback):
+    """Sleep after every training step; once step `at_step` is done, rank 0 creates the file `marker`."""
+
+    def __init__(self, marker: str, at_step: int = 3, seconds_per_step: float = 0.2) -> None:
+        self.marker = Path(marker)
+        self.at_step = at_step
+        self.seconds_per_step = seconds_per_step
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        time.sleep(self.seconds_per_step)
+        if trainer.global_step == self.at_step and trainer.is_global_zero:
+            self.marker.touch()

@@ -1,0 +1,240 @@
+"""The promises under preemption, restarts, lost nodes and bad input, each shown by doing the bad thing for real."""
+
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, quick_run_args, run_train
+
+pytestmark = pytest.mark.slow
+
+STEPS_PER_EPOCH = 18  # 640 synthetic training images, 10% held out for validation, batches of 32
+TWO_PROCESS_STEPS_PER_EPOCH = STEPS_PER_EPOCH // 2  # each process takes half of every epoch
+
+
+def full_epochs_args(data_dir: Path, run_dir: Path, epochs: int = 2) -> list[str]:
+    """Whole epochs (not a few batches), so that an interruption can land mid-epoch."""
+    return [
+        *quick_run_args(data_dir, run_dir),
+        "--trainer.max_epochs", str(epochs),
+        "--trainer.limit_train_batches", "1.0",
+    ]  # fmt: skip
+
+
+def paced(marker: Path, at_step: int) -> list[str]:
+    return [
+        "--trainer.callbacks+=tests.pacing.PaceSteps",
+        "--trainer.callbacks.marker", str(marker),
+        "--trainer.callbacks.at_step", str(at_step),
+    ]  # fmt: skip
+
+
+def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start `train.py` as a platform starts a node: its own process group, output to a log file."""
+    return subprocess.Popen(
+        [sys.executable, str(TRAIN_SCRIPT), *args],
+        cwd=PROJECT_ROOT,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, f"exited with {process.returncode}:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"{path.name} did not appear:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)
+
+
+def group_is_gone(process: subprocess.Popen) -> bool:
+    """No process of the job's process group is still running (exited ones awaiting reaping do not count)."""
+    states = subprocess.run(["ps", "-o", "stat=", "-g", str(process.pid)], capture_output=True, text=True).stdout
+    return all(state.startswith("Z") for state in states.split())
+
+
+def last_words(log: Path) -> str:
+    """The last line a node printed before wandb's closing lines, without torch's rank prefix."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in log.read_text().strip().splitlines()]
+    lines = [re.sub(r"^\[rank\d+\]: ", "", line) for line in lines if line.strip() and not line.startswith("wandb")]
+    return re.sub(r"^\[rank\d+\]: ", "", lines[-1]) if lines else ""
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, weights_only=True, map_location="cpu")
+
+
+def test_sigterm_mid_epoch_saves_a_resumable_checkpoint_and_exits_143(mnist_dir, tmp_path):
+    run_dir, marker, log = tmp_path / "run", tmp_path / "step-5", tmp_path / "train.log"
+    args = ["fit", *full_epochs_args(mnist_dir, run_dir), "--trainer.devices", "2", *paced(marker, at_step=5)]
+    job = start(args, clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)  # to the job's first process only, as Kubernetes and Docker do
+    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
+    time.sleep(1)
+    assert group_is_gone(job), "a process of the job is still running"
+
+    checkpoints = run_dir / "checkpoints"
+    preempted = load(checkpoints / "preempted.ckpt")
+    assert preempted["global_step"] > 5 and preempted["global_step"] % TWO_PROCESS_STEPS_PER_EPOCH  # mid-epoch
+    assert preempted["optimizer_states"] and preempted["lr_schedulers"] and preempted["loops"]
+    assert any("RNGStateCheckpoint" in key for key in preempted["callbacks"])
+    assert not [path for path in checkpoints.iterdir() if path.name.startswith(".")], "temporary files left"
+
+    # The platform restarts the job with the same command: it resumes and finishes the planned steps.
+    restarted = run_train(*args)
+    assert restarted.returncode == 0, restarted.stderr[-4000:]
+    assert "preempted.ckpt" in restarted.stdout + restarted.stderr
+    assert load(checkpoints / "last.ckpt")["global_step"] == 2 * TWO_PROCESS_STEPS_PER_EPOCH
+    assert not (checkpoints / "preempted.ckpt").exists()
+
+
+def test_restart_resumes_exactly_and_continues_the_same_wandb_run(mnist_dir, tmp_path):
+    uninterrupted = run_train("fit", *full_epochs_args(mnist_dir, tmp_path / "a", epochs=2))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
+    first = run_train("fit", *full_epochs_args(mnist_dir, tmp_path / "b", epochs=1))
+    assert first.returncode == 0, first.stderr[-4000:]
+    resumed = run_train("fit", *full_epochs_args(mnist_dir, tmp_path / "b", epochs=2))
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+
+    expected, actual = (load(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("a", "b"))
+    assert actual["global_step"] == expected["global_step"] == 2 * STEPS_PER_EPOCH
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(tensor, actual["state_dict"][name]), f"{name} differs after resuming"
+
+    run_id = (tmp_path / "b" / "checkpoints" / "wandb-run-id").read_text()
+    offline_runs = sorted(path.name for path in (tmp_path / "b" / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 2 and all(name.endswith(f"-{run_id}") for name in offline_runs)
+
+
+def start_pod_nodes(args: list[str], port: int, nodes: range, tmp_path: Path) -> list[subprocess.Popen]:
+    common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return [start(args, clean_env(**common, RANK=str(rank)), tmp_path / f"node{rank}.log") for rank in nodes]
+
+
+def test_a_lost_node_ends_the_job_instead_of_hanging(mnist_dir, tmp_path):
+    marker = tmp_path / "step-3"
+    args = ["fit", *full_epochs_args(mnist_dir, tmp_path / "run"), "--trainer.devices", "2",
+            "--cluster.timeout", "0:00:20", *paced(marker, at_step=3)]  # fmt: skip
+    node0, node1 = start_pod_nodes(args, free_port(), range(2), tmp_path)
+    wait_for(marker, node0, tmp_path / "node0.log")
+    os.killpg(node1.pid, signal.SIGKILL)  # the whole node: its first process and the ones Lightning started
+    started = time.monotonic()
+    try:
+        code = node0.wait(timeout=20 + 60)
+    except subprocess.TimeoutExpired:
+        os.killpg(node0.pid, signal.SIGKILL)
+        pytest.fail("the surviving node hung")
+    log = (tmp_path / "node0.log").read_text()
+    assert code != 0, log[-4000:]
+    assert time.monotonic() - started < 20 + 30
+    time.sleep(1)
+    assert group_is_gone(node0), "a process of the surviving node is still running"
+    last_line = last_words(tmp_path / "node0.log")
+    assert last_line.startswith("error:") and "lost contact" in last_line, log[-4000:]
+
+
+def test_a_node_that_never_arrives_ends_the_job(mnist_dir, tmp_path):
+    port = free_port()
+    args = ["fit", *quick_run_args(mnist_dir, tmp_path / "run"), "--trainer.devices", "2"]
+    args += ["--cluster.timeout", "0:00:10"]
+    (node0,) = start_pod_nodes(args, port, range(1), tmp_path)
+    try:
+        code = node0.wait(timeout=10 + 60)
+    except subprocess.TimeoutExpired:
+        os.killpg(node0.pid, signal.SIGKILL)
+        pytest.fail("node 0 waited forever for node 1")
+    log = (tmp_path / "node0.log").read_text()
+    assert code != 0
+    last_line = last_words(tmp_path / "node0.log")
+    assert f"only 2 of 4 processes joined at 127.0.0.1:{port}" in last_line, log[-4000:]
+    assert "1 of 2 nodes did not arrive" in last_line
+
+
+def write_malicious_checkpoint(path: Path, proof: Path) -> None:
+    """A checkpoint whose unpickling would run a shell command (creating `proof`)."""
+
+    class RunsCode:
+        def __reduce__(self):
+            return os.system, (f"touch {proof}",)
+
+    torch.save({"state_dict": {}, "payload": RunsCode()}, path)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("unknown key", "hiden"),
+        ("wrong type in YAML", "max_epochs"),
+        ("missing data", "not found in"),
+        ("missing checkpoint", "does not exist"),
+        ("not a checkpoint", "is not a checkpoint"),
+        ("checkpoint that runs code", "refused to load"),
+    ],
+)
+def test_bad_input_is_refused_with_one_clear_message(mnist_dir, tmp_path, case, message):
+    run_dir, proof = tmp_path / "run", tmp_path / "code-ran"
+    args = ["fit", *quick_run_args(mnist_dir, run_dir)]
+    if case == "unknown key":
+        args += ["--model.hiden", "3"]
+    elif case == "wrong type in YAML":
+        (tmp_path / "bad.yaml").write_text("trainer:\n  max_epochs: three\n")
+        args += ["--config", str(tmp_path / "bad.yaml")]
+    elif case == "missing data":
+        args += ["--data.data_dir", str(tmp_path / "no-data")]
+    elif case == "missing checkpoint":
+        args += ["--ckpt_path", str(tmp_path / "nope.ckpt")]
+    elif case == "not a checkpoint":
+        (tmp_path / "notes.ckpt").write_text("not a checkpoint")
+        args += ["--ckpt_path", str(tmp_path / "notes.ckpt")]
+    else:
+        write_malicious_checkpoint(tmp_path / "evil.ckpt", proof)
+        assert zipfile.is_zipfile(tmp_path / "evil.ckpt")
+        args += ["--ckpt_path", str(tmp_path / "evil.ckpt")]
+
+    result = run_train(*args)
+    assert result.returncode != 0
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and message in error_lines[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert not proof.exists(), "loading the checkpoint ran its code"
+    assert not list(run_dir.rglob("*.ckpt")), "a checkpoint a later resume would pick up"
+
+
+def test_no_secret_reaches_logs_configs_or_checkpoints(mnist_dir, tmp_path):
+    secret = "fake-wandb-key-" + "7f3a" * 8
+    env = clean_env(WANDB_API_KEY=secret, AWS_SECRET_ACCESS_KEY=secret)
+    del env["WANDB_MODE"]  # let the project choose: a key but no reachable server -> offline
+    result = run_train("fit", *quick_run_args(mnist_dir, tmp_path / "run"), env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "logs offline" in result.stderr
+    assert secret not in result.stdout + result.stderr
+    written = [path for path in (tmp_path / "run").rglob("*") if path.is_file()]
+    assert any(path.suffix == ".ckpt" for path in written) and any(path.name == "config.yaml" for path in written)
+    for path in written:
+        assert secret.encode() not in path.read_bytes(), f"{path} holds the key"
+
+
+def test_checkpoints_load_without_running_code(tmp_path):
+    # What `--ckpt_path` relies on, checked directly: the atomic checkpoint IO loads with weights_only.
+    from {{ cookiecutter.package_name }}.checkpointing import AtomicCheckpointIO
+    from {{ cookiecutter.package_name }}.errors import ConfigError
+
+    proof = tmp_path / "code-ran"
+    write_malicious_checkpoint(tmp_path / "evil.ckpt", proof)
+    with pytest.raises(ConfigError, match="refused to load"):
+        AtomicCheckpointIO().load_checkpoint(tmp_path / "evil.ckpt")
+    assert not proof.exists()
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(tmp_path / "evil.ckpt", weights_only=True)
