@@ -16,7 +16,7 @@ SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # Kubernetes names pods `<job>-<index>` and they must be DNS labels (63 characters at most).
 JOB_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?")
 CHOICES = {
-    "python_version": ("3.10", "3.11", "3.12", "3.13"),
+    "python_version": ("3.11", "3.12", "3.13"),
     "license": ("MIT", "Apache-2.0", "BSD-3-Clause", "none"),
     "github_actions": ("yes", "no"),
 }

@@ -20,7 +20,7 @@ ANSWER_SETS = {
         "package_name": "quoted_net",
         "description": 'Says "hi" \\ and \'bye\'; """ ends here',
         "author_name": "O'Brien \"Bob\" \\",
-        "python_version": "3.10",
+        "python_version": "3.12",
         "license": "Apache-2.0",
         "wandb_entity": "my-team",
         "github_actions": "no",
@@ -31,6 +31,7 @@ ANSWER_SETS = {
     "minimal": {
         "project_name": "Vision Lab",
         "package_name": "vlab",
+        "python_version": "3.13",
         "license": "none",
         "main_port": "31234",
         "gpus_per_node": "1",

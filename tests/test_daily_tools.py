@@ -67,15 +67,15 @@ def test_pre_commit_fixes_and_refuses_what_it_should(cookies):
 
 
 def test_workflow_is_valid_and_uses_the_chosen_python(cookies, tmp_path):
-    # "3.10" must stay a string: a bare 3.10 in YAML is the number 3.1.
-    project = bake(cookies, python_version="3.10")
+    # The version must stay a string in YAML (a bare 3.10 would be the number 3.1).
+    project = bake(cookies, python_version="3.13")
     workflow = project / WORKFLOW
     check = check_workflow(workflow)
     assert check.returncode == 0, check.stdout + check.stderr
 
     steps = yaml.safe_load(workflow.read_text())["jobs"]["test"]["steps"]
     python = next(step for step in steps if step.get("uses", "").startswith("actions/setup-python"))
-    assert python["with"]["python-version"] == "3.10"
+    assert python["with"]["python-version"] == "3.13"
     commands = [step["run"] for step in steps if "run" in step]
     cpu_torch = next(i for i, c in enumerate(commands) if "download.pytorch.org/whl/cpu" in c and "torch" in c)
     project_install = next(i for i, c in enumerate(commands) if 'pip install -e ".[dev]"' in c)

@@ -59,7 +59,7 @@ def test_answers_with_quotes_and_backslashes_stay_data(projects):
     metadata = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     assert metadata["description"] == answers["description"]
     assert metadata["authors"][0]["name"] == answers["author_name"]
-    assert metadata["requires-python"] == ">=3.10"
+    assert metadata["requires-python"] == ">=3.12"
     for path in project.rglob("*.py"):
         ast.parse(path.read_text(), filename=str(path))
     for path in [*project.rglob("*.yaml"), *project.rglob("*.yml")]:
