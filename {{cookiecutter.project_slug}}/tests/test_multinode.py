@@ -8,6 +8,7 @@ one job (world size 4, global ranks 0..3, the right node ranks) and ended with i
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,17 +30,17 @@ def train_command(data_dir: Path, tmp_path: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def start_node(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """One node: its own process tree (session), output to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        command, cwd=PROJECT_ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
 def start_nodes(commands: list[list[str]], envs: list[dict[str, str]], logs: Path) -> list[subprocess.Popen]:
-    logs.mkdir(parents=True, exist_ok=True)
     return [
-        subprocess.Popen(
-            command,
-            cwd=PROJECT_ROOT,
-            env=env,
-            stdout=(logs / f"node{index}.log").open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        start_node(command, env, logs / f"node{index}.log")
         for index, (command, env) in enumerate(zip(commands, envs, strict=True))
     ]
 
@@ -86,6 +87,18 @@ def test_two_nodes_of_two_processes(platform, mnist_dir, tmp_path):
     assert_one_job(tmp_path / "reports", num_nodes=2)
     node0_log = (tmp_path / "logs" / "node0.log").read_text()
     assert f"[{platform}] node_rank=0 local_rank=1 global_rank=1 world_size=4 main=127.0.0.1:{port}" in node0_log
+
+
+def test_nodes_that_start_30_seconds_apart_still_form_one_job(mnist_dir, tmp_path):
+    # Pods start at different moments: here node 1 waits half a minute for node 0.
+    port = free_port()
+    command = [sys.executable, str(TRAIN_SCRIPT), *train_command(mnist_dir, tmp_path)]
+    node0_env, node1_env = node_envs("POD", port)
+    node1 = start_node(command, node1_env, tmp_path / "logs" / "node1.log")
+    time.sleep(30)
+    node0 = start_node(command, node0_env, tmp_path / "logs" / "node0.log")
+    wait_for_job([node0, node1], tmp_path / "logs")
+    assert_one_job(tmp_path / "reports", num_nodes=2)
 
 
 def test_torchrun_two_nodes_with_c10d_rendezvous(mnist_dir, tmp_path):

@@ -1,4 +1,4 @@
-"""The command line: LightningCLI, plus the cluster environment, node count, run directory and logger mode.
+"""The command line: LightningCLI, plus the cluster environment, node count, run directory and progress output.
 
 Everything a run writes goes under `trainer.default_root_dir`: checkpoints in `checkpoints/`,
 the logger's files and `config.yaml`, unless the config names other places.
@@ -7,14 +7,10 @@ the logger's files and `config.yaml`, unless the config names other places.
 import logging
 import os
 import pickle
-import secrets
-import socket
 import sys
 import zipfile
 from datetime import timedelta
-from netrc import NetrcParseError, netrc
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 from jsonargparse import Namespace
@@ -23,7 +19,6 @@ from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .checkpointing import PREEMPTED_EXIT_CODE, AtomicCheckpointIO, refusal_reason
@@ -32,9 +27,17 @@ from .data import MNISTDataModule
 from .diagnostics import ExplainDistributedFailure, LogProcessPlacement
 from .errors import ConfigError
 from .model import MNISTClassifier
+from .progress import PlainProgress
+from .run_record import SaveRunRecord
 from .speed import use_fast_defaults
+from .wandb_run import choose_wandb_mode, keep_wandb_run_id
 
-CHECKPOINT_CALLBACKS = (".ModelCheckpoint", ".PreemptionCheckpoint")
+# Callbacks that write files: the argument naming their directory, and where it goes by default.
+OUTPUT_DIRS = {
+    ".ModelCheckpoint": ("dirpath", "checkpoints"),
+    ".PreemptionCheckpoint": ("dirpath", "checkpoints"),
+    ".PredictionWriter": ("output_dir", ""),
+}
 CHECKPOINT_ALIASES = ("last", "best", "hpc")
 
 
@@ -51,6 +54,7 @@ class ProjectCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
+        use_sweep_run_dir(config.trainer)
         put_outputs_under_root_dir(config.trainer)
         use_fast_defaults(config.trainer)  # bf16-mixed on GPUs that support it, unless trainer.precision is set
         for logger in _configured(config.trainer.logger):
@@ -74,6 +78,10 @@ class ProjectCLI(LightningCLI):
             LogProcessPlacement(platform.name),
             ExplainDistributedFailure(config.cluster.timeout),
         ]
+        if config.trainer.enable_progress_bar is None and not sys.stdout.isatty():
+            # Output goes to a file (a cluster job): log lines instead of a redrawn bar.
+            kwargs["enable_progress_bar"] = False
+            callbacks.append(PlainProgress(config.trainer.log_every_n_steps or 50))
         return super().instantiate_trainer(
             plugins=plugins, num_nodes=num_nodes(config.trainer.num_nodes, platform), callbacks=callbacks, **kwargs
         )
@@ -103,8 +111,9 @@ def put_outputs_under_root_dir(trainer: Namespace) -> None:
     """Point checkpoint callbacks and loggers that name no directory at `trainer.default_root_dir`."""
     root = trainer.default_root_dir or os.getcwd()
     for callback in _configured(trainer.callbacks):
-        if callback.class_path.endswith(CHECKPOINT_CALLBACKS) and callback.init_args.dirpath is None:
-            callback.init_args.dirpath = os.path.join(root, "checkpoints")
+        for suffix, (argument, subdir) in OUTPUT_DIRS.items():
+            if callback.class_path.endswith(suffix) and callback.init_args.get(argument) is None:
+                callback.init_args[argument] = os.path.join(root, subdir)
     for logger in _configured(trainer.logger):
         if logger.init_args.get("save_dir") in (None, "."):
             logger.init_args.save_dir = root
@@ -112,9 +121,16 @@ def put_outputs_under_root_dir(trainer: Namespace) -> None:
 
 def checkpoint_dir(trainer: Namespace) -> Path:
     for callback in _configured(trainer.callbacks):
-        if callback.class_path.endswith(CHECKPOINT_CALLBACKS):
+        if callback.class_path.endswith(".ModelCheckpoint"):
             return Path(callback.init_args.dirpath)
     return Path(trainer.default_root_dir or os.getcwd(), "checkpoints")
+
+
+def use_sweep_run_dir(trainer: Namespace) -> None:
+    """Under `wandb agent` every trial runs the same command: give each its own directory, named by its run id."""
+    run_id = os.environ.get("WANDB_RUN_ID")
+    if os.environ.get("WANDB_SWEEP_ID") and run_id:
+        trainer.default_root_dir = os.path.join(trainer.default_root_dir or os.getcwd(), run_id)
 
 
 def check_checkpoint_path(ckpt_path: str | None) -> None:
@@ -129,60 +145,6 @@ def check_checkpoint_path(ckpt_path: str | None) -> None:
         torch.load(ckpt_path, weights_only=True, mmap=True, map_location="cpu")
     except pickle.UnpicklingError as error:
         raise ConfigError(f"refused to load ckpt_path {ckpt_path}: {refusal_reason(error)}") from None
-
-
-def keep_wandb_run_id(logger: Namespace, checkpoints: Path) -> None:
-    """Give the wandb logger the same run id each time the job restarts, kept beside the checkpoints."""
-    if logger.init_args.get("id"):
-        return
-    id_file = checkpoints / "wandb-run-id"
-    if not id_file.exists():
-        checkpoints.mkdir(parents=True, exist_ok=True)
-        # Several processes may get here at once: the first to link its id into place wins.
-        candidate = checkpoints / f".wandb-run-id.{os.getpid()}"
-        candidate.write_text(secrets.token_hex(4))  # wandb's own ids are 8 characters too
-        try:
-            os.link(candidate, id_file)
-        except FileExistsError:
-            pass
-        finally:
-            candidate.unlink()
-    logger.init_args.id = id_file.read_text().strip()
-
-
-def choose_wandb_mode(save_dir: str) -> None:
-    """Log online when there is an API key and the server answers; otherwise offline. Never fail."""
-    if "WANDB_MODE" in os.environ:
-        return
-    url = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
-    if not _has_wandb_key(url.hostname):
-        reason = "no wandb API key (set WANDB_API_KEY or run `wandb login`)"
-    elif not _reachable(url.hostname, url.port or (443 if url.scheme == "https" else 80)):
-        reason = f"{url.hostname} cannot be reached"
-    else:
-        return
-    os.environ["WANDB_MODE"] = "offline"
-    rank_zero_info(
-        f"wandb: {reason}, so this run logs offline to {save_dir}/wandb."
-        f" Upload it later with: wandb sync {save_dir}/wandb/offline-run-*"
-    )
-
-
-def _has_wandb_key(host: str | None) -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
-    except (FileNotFoundError, NetrcParseError):
-        return False
-
-
-def _reachable(host: str | None, port: int, timeout: float = 3.0) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
 
 
 def _configured(value) -> list:
@@ -202,12 +164,7 @@ def _show_info_logs() -> None:
 def main(args: list[str] | None = None) -> None:
     _show_info_logs()
     try:
-        ProjectCLI(
-            MNISTClassifier,
-            MNISTDataModule,
-            save_config_kwargs={"overwrite": True},  # a rerun in the same directory resumes, not refuses
-            args=args,
-        )
+        ProjectCLI(MNISTClassifier, MNISTDataModule, save_config_callback=SaveRunRecord, args=args)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -76,9 +76,9 @@ class MNISTDataModule(LightningDataModule):
     ):
         super().__init__()
         if not 0.0 < val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be between 0 and 1, got {val_fraction}")
+            raise ConfigError(f"data.val_fraction must be between 0 and 1, got {val_fraction}")
         if on_device and num_workers > 0:
-            raise ValueError("on_device keeps the data on the GPU, where workers cannot read it: set num_workers: 0")
+            raise ConfigError("data.on_device needs data.num_workers: 0 (workers cannot read GPU memory)")
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
         self.download = download

@@ -1,0 +1,67 @@
+"""Day-to-day use: composed configs, another logger, what a run records, predictions, log-friendly progress."""
+
+import csv
+import subprocess
+
+import yaml
+
+from .conftest import PROJECT_ROOT, quick_run_args, run_train
+
+
+def test_experiment_configs_compose_in_order(mnist_dir, tmp_path):
+    printed = run_train(
+        "fit", "--config", "configs/mnist.yaml", "--config", "configs/exp/bigger.yaml", "--print_config"
+    )
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    config = yaml.safe_load(printed.stdout)
+    assert config["model"]["channels"] == 64 and config["trainer"]["max_epochs"] == 10  # from bigger.yaml
+    assert config["model"]["optimizer"]["init_args"] == {**config["model"]["optimizer"]["init_args"], "lr": 0.0005}
+    assert config["model"]["optimizer"]["init_args"]["weight_decay"] == 0.01  # kept from mnist.yaml
+    assert config["seed_everything"] == 42
+
+
+def test_csv_logger_records_config_code_version_and_cluster_setup(mnist_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("fit", *quick_run_args(mnist_dir, run_dir), "--config", "configs/loggers/csv.yaml")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (run_dir / "wandb").exists()
+    version_dir = run_dir / "lightning_logs" / "version_0"
+    assert "val/acc" in (version_dir / "metrics.csv").read_text()
+    recorded = yaml.safe_load((version_dir / "hparams.yaml").read_text())
+    assert recorded["config"]["model"]["hidden"] == 128
+    assert recorded["config"]["trainer"]["default_root_dir"] == str(run_dir)
+    assert recorded["cluster"] == {"environment": "NoneType", "num_nodes": 1, "devices_per_node": 1, "world_size": 1}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert recorded["git"]["commit"] == (commit.stdout.strip() if commit.returncode == 0 else None)
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["trainer"]["logger"]["class_path"].endswith("CSVLogger")
+
+
+def test_logger_switches_with_one_flag(mnist_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("fit", *quick_run_args(mnist_dir, run_dir), "--config", "configs/loggers/tensorboard.yaml")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list(run_dir.glob("lightning_logs/version_0/events.out.tfevents.*"))
+
+
+def test_predict_writes_a_csv_a_person_can_open(mnist_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_train("fit", *quick_run_args(mnist_dir, run_dir), "--trainer.max_epochs", "2").returncode == 0
+    predicted = run_train("predict", *quick_run_args(mnist_dir, run_dir), "--ckpt_path", "last")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    with (run_dir / "predictions.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == 160  # the whole test split
+    assert sorted(int(row["index"]) for row in rows) == list(range(160))
+    assert all(0 < float(row["confidence"]) <= 1 for row in rows)
+    assert sum(row["predicted"] == row["label"] for row in rows) > 0.5 * len(rows)
+
+
+def test_output_to_a_file_gets_log_lines_not_a_progress_bar(mnist_dir, tmp_path):
+    args = quick_run_args(mnist_dir, tmp_path / "run")
+    assert args[-2:] == ["--trainer.enable_progress_bar", "false"]
+    result = run_train("fit", *args[:-2], "--trainer.log_every_n_steps", "2")  # output captured: not a terminal
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "epoch 1/1 step 2/4 train/loss=" in result.stderr
+    assert "epoch 1/1 val/acc=" in result.stderr
+    assert "it/s" not in result.stdout + result.stderr  # what Lightning's progress bars show
