@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
 
 from .errors import ConfigError
 
@@ -69,18 +71,18 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
     """On SIGTERM, every process stops at the same step, a resumable checkpoint is saved, and the job exits 143.
 
     Kubernetes, cloud platforms and Slurm send SIGTERM before they stop a job. A process that
-    receives it only raises a flag; every `check_every_n_steps` training steps all processes agree
-    whether any of them was signalled, so they stop together and save one consistent checkpoint.
+    receives it only raises a flag. After every training step the processes combine their flags
+    (a max all-reduce that runs while the next step computes, and is waited for after it), so they
+    all stop at the same step, one step after the signal, and save one consistent checkpoint. At
+    the end of an epoch they wait for the answer at once, so no validation starts after a signal.
     The checkpoint is deleted once a later run finishes training.
     """
 
-    def __init__(self, dirpath: str | None = None, filename: str = "preempted", check_every_n_steps: int = 10) -> None:
+    def __init__(self, dirpath: str | None = None, filename: str = "preempted") -> None:
         # dirpath None: the command line puts it in the run's checkpoints/ directory.
         super().__init__(dirpath or "checkpoints", filename)
-        # Agreeing costs a collective and a device sync, so it happens every few steps, not every one.
-        self.check_every_n_steps = check_every_n_steps
         self._signalled = False
-        self._batches = 0
+        self._pending: tuple[Any, Tensor] | None = None  # the all-reduce in flight and its flag
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Replaces Lightning's own SIGTERM handler, which stops only the process signalled and
@@ -91,18 +93,35 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
                 trainer.strategy.launcher.kill(signum)
 
         signal.signal(signal.SIGTERM, flag)
+        self._pending = None
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
-        self._batches += 1
-        if self._batches % self.check_every_n_steps:
-            return
-        if trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
-            trainer.save_checkpoint(self.ckpt_path)
-            rank_zero_info(f"SIGTERM: saved {self.ckpt_path} at step {trainer.global_step}; exiting")
-            # The node's first process ends last, so the platform sees the node finished when it exits.
-            for process in getattr(trainer.strategy.launcher, "procs", []):
-                process.wait(timeout=PREEMPTED_WAIT_SECONDS)
-            raise SystemExit(PREEMPTED_EXIT_CODE)
+        if self._pending is not None and self._agreed_to_stop():
+            self._stop(trainer)
+        self._share_flag(trainer.strategy.root_device)
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and self._agreed_to_stop():
+            self._stop(trainer)
+
+    def _share_flag(self, device: torch.device) -> None:
+        flag = torch.tensor([int(self._signalled)], device=device)
+        distributed = dist.is_available() and dist.is_initialized()
+        work = dist.all_reduce(flag, dist.ReduceOp.MAX, async_op=True) if distributed else None
+        self._pending = (work, flag)
+
+    def _agreed_to_stop(self) -> bool:
+        work, flag = self._pending
+        self._pending = None
+        if work is not None:
+            work.wait()
+        return bool(flag.item())
+
+    def _stop(self, trainer: Trainer) -> None:
+        trainer.save_checkpoint(self.ckpt_path)
+        rank_zero_info(f"SIGTERM: saved {self.ckpt_path} at step {trainer.global_step}; exiting")
+        # The node's first process ends last, so the platform sees the node finished when it exits.
+        for process in getattr(trainer.strategy.launcher, "procs", []):
+            process.wait(timeout=PREEMPTED_WAIT_SECONDS)
+        raise SystemExit(PREEMPTED_EXIT_CODE)
 
     def on_exception(self, trainer: Trainer, *args: Any) -> None:
         # Only a coordinated stop saves: after a crash the other processes may never join a save.
