@@ -58,6 +58,15 @@ def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 
         time.sleep(0.2)
 
 
+def exit_code(process: subprocess.Popen, timeout: float, hang: str) -> int:
+    """The process's exit status; a test failure (after killing its whole group) if it runs past `timeout`."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(hang)
+
+
 def group_is_gone(process: subprocess.Popen) -> bool:
     """No process of the job's process group is still running (exited ones awaiting reaping do not count)."""
     states = subprocess.run(["ps", "-o", "stat=", "-g", str(process.pid)], capture_output=True, text=True).stdout
@@ -131,11 +140,7 @@ def test_a_lost_node_ends_the_job_instead_of_hanging(mnist_dir, tmp_path):
     wait_for(marker, node0, tmp_path / "node0.log")
     os.killpg(node1.pid, signal.SIGKILL)  # the whole node: its first process and the ones Lightning started
     started = time.monotonic()
-    try:
-        code = node0.wait(timeout=20 + 60)
-    except subprocess.TimeoutExpired:
-        os.killpg(node0.pid, signal.SIGKILL)
-        pytest.fail("the surviving node hung")
+    code = exit_code(node0, timeout=20 + 60, hang="the surviving node hung")
     log = (tmp_path / "node0.log").read_text()
     assert code != 0, log[-4000:]
     assert time.monotonic() - started < 20 + 30
@@ -150,11 +155,7 @@ def test_a_node_that_never_arrives_ends_the_job(mnist_dir, tmp_path):
     args = ["fit", *quick_run_args(mnist_dir, tmp_path / "run"), "--trainer.devices", "2"]
     args += ["--cluster.timeout", "0:00:10"]
     (node0,) = start_pod_nodes(args, port, range(1), tmp_path)
-    try:
-        code = node0.wait(timeout=10 + 60)
-    except subprocess.TimeoutExpired:
-        os.killpg(node0.pid, signal.SIGKILL)
-        pytest.fail("node 0 waited forever for node 1")
+    code = exit_code(node0, timeout=10 + 60, hang="node 0 waited forever for node 1")
     log = (tmp_path / "node0.log").read_text()
     assert code != 0
     last_line = last_words(tmp_path / "node0.log")
