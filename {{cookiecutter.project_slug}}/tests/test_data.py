@@ -7,6 +7,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader
+from torchvision.datasets import MNIST
 
 from {{ cookiecutter.package_name }}.data import MEAN, STD, InMemoryDataset, MNISTDataModule, already_batched
 from {{ cookiecutter.package_name }}.errors import ConfigError
@@ -56,6 +57,14 @@ def test_missing_files_without_download_name_the_directory(tmp_path):
         data.prepare_data()
     with pytest.raises(ConfigError, match=r"data\.download"):
         data.setup("fit")
+
+
+def test_failed_download_names_the_directory_and_the_way_out(tmp_path, monkeypatch):
+    # A mirror that refuses connections: a real download attempt that fails, with or without network.
+    monkeypatch.setattr(MNIST, "mirrors", ["http://127.0.0.1:9/"])
+    data = MNISTDataModule(data_dir=str(tmp_path / "offline"), download=True)
+    with pytest.raises(ConfigError, match=r"could not download MNIST into .*offline/MNIST/raw.*data\.download: false"):
+        data.prepare_data()
 
 
 @pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1])

@@ -96,7 +96,7 @@ class MNISTDataModule(LightningDataModule):
         # Lightning calls this on one process per node, so the download happens once.
         if self.download:
             for train in (True, False):
-                MNIST(self.data_dir, train=train, download=True)
+                self._download(train)
         for train in (True, False):
             self._check_present(train)
 
@@ -133,6 +133,16 @@ class MNISTDataModule(LightningDataModule):
         self._check_present(train)
         dataset = MNIST(self.data_dir, train=train, download=False)
         return dataset.data.unsqueeze(1), dataset.targets
+
+    def _download(self, train: bool) -> None:
+        try:
+            MNIST(self.data_dir, train=train, download=True)
+        except RuntimeError as error:  # torchvision lists each mirror it tried; the last line is why
+            reason = str(error).strip().splitlines()[-1]
+            raise ConfigError(
+                f"could not download MNIST into {self.raw_dir.resolve()}: {reason}; "
+                "without network access, copy the files there and set data.download: false"
+            ) from None
 
     def _check_present(self, train: bool) -> None:
         missing = [name for name in RAW_FILES[train] if not (self.raw_dir / name).is_file()]
