@@ -1,4 +1,4 @@
-"""A test-only callback that slows training down and says when a step is done, so a test can act mid-epoch."""
+"""Test-only callbacks that slow a run down and say when it got somewhere, so a test can act at that moment."""
 
 import time
 from pathlib import Path
@@ -19,3 +19,17 @@ class PaceSteps(Callback):
         time.sleep(self.seconds_per_step)
         if trainer.global_step == self.at_step and trainer.is_global_zero:
             self.marker.touch()
+
+
+class PaceSanityCheck(Callback):
+    """During the sanity check, rank 0 creates the file `marker`; every process sleeps after each batch."""
+
+    def __init__(self, marker: str, seconds_per_batch: float = 2.0) -> None:
+        self.marker = Path(marker)
+        self.seconds_per_batch = seconds_per_batch
+
+    def on_validation_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if trainer.sanity_checking:
+            if trainer.is_global_zero:
+                self.marker.touch()
+            time.sleep(self.seconds_per_batch)

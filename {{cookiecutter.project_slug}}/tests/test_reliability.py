@@ -109,6 +109,20 @@ def test_sigterm_mid_epoch_saves_a_resumable_checkpoint_and_exits_143(mnist_dir,
     assert not (checkpoints / "preempted.ckpt").exists()
 
 
+def test_sigterm_during_the_sanity_check_stops_every_process_at_the_same_step(mnist_dir, tmp_path):
+    run_dir, marker, log = tmp_path / "run", tmp_path / "sanity-check", tmp_path / "train.log"
+    args = ["fit", *full_epochs_args(mnist_dir, run_dir), "--trainer.devices", "2",
+            "--trainer.callbacks+=tests.pacing.PaceSanityCheck", "--trainer.callbacks.marker", str(marker)]  # fmt: skip
+    job = start(args, clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)  # before training starts, while Lightning's own handler is the usual one
+    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
+    time.sleep(1)
+    assert group_is_gone(job), "a process of the job is still running"
+    # The flags of the first step are combined while the second computes: both stop after step 2.
+    assert load(run_dir / "checkpoints" / "preempted.ckpt")["global_step"] == 2
+
+
 def test_restart_resumes_exactly_and_continues_the_same_wandb_run(mnist_dir, tmp_path):
     uninterrupted = run_train("fit", *full_epochs_args(mnist_dir, tmp_path / "a", epochs=2))
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
