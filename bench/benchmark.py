@@ -17,12 +17,12 @@ the template does:
 - glibc's malloc keeps freed memory for reuse (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_).
   By default it hands large freed blocks (a batch's activations) back to the system and takes
   them again on the next step; whether a process falls into that pattern is chance (from about 0
-  to 6,000 page faults per step here) and costs it up to 20% in either program. The CPU run also
-  measures one case with glibc's defaults, to show that effect.
+  to 6,000 page faults per step here) and costs it up to 20% in either program. With
+  --glibc-malloc-defaults the CPU run also measures one case with glibc's defaults, to show that effect.
 
 Medians go to a table and to OUT/results.json.
 
-    python bench/benchmark.py [--out build/bench] [--repeats 3] [--steps 40]
+    python bench/benchmark.py [--out build/bench] [--repeats 5] [--steps 60]
 """
 
 import argparse
@@ -74,23 +74,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--project", type=Path, help="an already generated project (default: generate one)")
     parser.add_argument("--package", default="lightning_mnist", help="its package name (with --project)")
     parser.add_argument("--data-dir", type=Path, help="MNIST in torchvision's layout (default: the shipped sample)")
-    parser.add_argument("--repeats", type=int, default=3)
+    # Each process runs a few percent faster or slower than the next for its whole life (where its
+    # memory lands): 5 pairs of runs give a steadier median than longer windows would.
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=10, help="optimizer steps before the timed window")
-    parser.add_argument("--steps", type=int, default=40, help="optimizer steps timed")
+    parser.add_argument("--steps", type=int, default=60, help="optimizer steps timed")
     parser.add_argument("--batch-size", type=int, help="images per process and step (default: the config's)")
     parser.add_argument("--loader-seconds", type=float, default=3.0)
     parser.add_argument("--accelerator", choices=["auto", "cpu", "gpu"], default="auto")
+    parser.add_argument(
+        "--glibc-malloc-defaults",
+        action="store_true",
+        help="on CPU, also measure 1 process with glibc's malloc defaults",
+    )
     return parser.parse_args(argv)
 
 
-def cases(accelerator: str) -> list[Case]:
+def cases(accelerator: str, glibc_malloc_defaults: bool = False) -> list[Case]:
     if accelerator == "gpu":  # NCCL needs a GPU per process
         return [Case("1 process", 1)] + ([Case("2 processes (DDP)", 2)] if torch.cuda.device_count() > 1 else [])
-    return [
-        Case("1 process", 1),
-        Case("2 processes (DDP)", 2),
-        Case("1 process, glibc malloc defaults", 1, glibc_malloc_defaults=True, counts_for_target=False),
-    ]
+    measured = [Case("1 process", 1), Case("2 processes (DDP)", 2)]
+    if glibc_malloc_defaults:
+        measured.append(
+            Case("1 process, glibc malloc defaults", 1, glibc_malloc_defaults=True, counts_for_target=False)
+        )
+    return measured
 
 
 # ---------------------------------------------------------------- running one measurement
@@ -136,7 +144,7 @@ class Runner:
             sys.executable, "train.py", "fit", "--config", "configs/mnist.yaml",
             "--data.data_dir", str(self.data_dir), "--data.download", "false",
             "--trainer.accelerator", self.accelerator, "--trainer.devices", str(case.processes),
-            "--trainer.max_steps", str(self.args.warmup + self.args.steps),
+            "--trainer.max_steps", str(self.args.warmup + self.args.steps), "--trainer.max_epochs", "-1",
             "--trainer.default_root_dir", str(run_dir),
             *self._batch_size_option("--data.batch_size"),
             *overrides,
@@ -242,11 +250,13 @@ def measure(args: argparse.Namespace, runner: Runner, precision: str) -> dict[st
     for repeat in range(args.repeats):
         print(f"repeat {repeat + 1}/{args.repeats}", flush=True)
         samples["import_floor_s"].append(runner.import_floor(f"import-floor-{repeat}"))
-        for number, case in enumerate(cases(runner.accelerator)):
-            template = runner.template(f"template-{number}-{repeat}", case)
-            reference = runner.reference(f"reference-{number}-{repeat}", case, precision)
-            samples.setdefault(f"template: {case.name}", []).append(template)
-            samples.setdefault(f"reference: {case.name}", []).append(reference)
+        for number, case in enumerate(cases(runner.accelerator, args.glibc_malloc_defaults)):
+            # Alternate which side goes first, so that neither always finds the machine in the same state.
+            sides = ("template", "reference") if repeat % 2 == 0 else ("reference", "template")
+            for side in sides:
+                name = f"{side}-{number}-{repeat}"
+                sample = runner.template(name, case) if side == "template" else runner.reference(name, case, precision)
+                samples.setdefault(f"{side}: {case.name}", []).append(sample)
         samples["loader"].append(runner.loader(f"loader-{repeat}"))
         for number, (variant, overrides) in enumerate(variants.items()):
             sample = runner.template(f"template-gpu-{number}-{repeat}", Case(variant, 1), overrides)
@@ -254,7 +264,9 @@ def measure(args: argparse.Namespace, runner: Runner, precision: str) -> dict[st
     return samples
 
 
-def summarise(samples: dict[str, list], accelerator: str, precision: str, batch_size: int) -> dict:
+def summarise(
+    samples: dict[str, list], measured: list[Case], accelerator: str, precision: str, batch_size: int
+) -> dict:
     """Medians, and ratios of measurements taken back to back (paired per repeat, then the median)."""
 
     def median(key: str, field: str = "images_per_s") -> float:
@@ -267,7 +279,7 @@ def summarise(samples: dict[str, list], accelerator: str, precision: str, batch_
         return a[field] / b[field]
 
     throughput = {}
-    for case in cases(accelerator):
+    for case in measured:
         template, reference = f"template: {case.name}", f"reference: {case.name}"
         images_per_step = batch_size * case.processes
 
@@ -398,7 +410,7 @@ def table(results: dict, repeats: int) -> str:
     lines += [
         "",
         (
-            f"targets: template/reference >= {targets['template_vs_reference']} (every row but the glibc-defaults one),"
+            f"targets: template/reference >= {targets['template_vs_reference']} (every row but a glibc-defaults one),"
             f" loader >= {targets['loader_vs_training']:g}x training,"
             f" start-up <= floor + {targets['startup_over_floor_s']:g} s"
         ),
@@ -423,7 +435,8 @@ def main(argv: list[str] | None = None) -> dict:
     runner = Runner(args, project, data_dir, accelerator)
     started = time.monotonic()
     samples = measure(args, runner, precision)
-    results = summarise(samples, accelerator, precision, batch_size)
+    measured = cases(accelerator, args.glibc_malloc_defaults)
+    results = summarise(samples, measured, accelerator, precision, batch_size)
     results["benchmark_seconds"] = time.monotonic() - started
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     print(table(results, args.repeats))

@@ -17,7 +17,8 @@ import benchmark  # noqa: E402
 def test_a_minimal_benchmark_run_writes_every_figure(default_project, real_mnist, tmp_path):
     benchmark.main(
         ["--out", str(tmp_path), "--project", str(default_project), "--data-dir", str(real_mnist),
-         "--repeats", "1", "--warmup", "1", "--steps", "2", "--loader-seconds", "0.2", "--accelerator", "cpu"]
+         "--repeats", "1", "--warmup", "1", "--steps", "2", "--loader-seconds", "0.2", "--accelerator", "cpu",
+         "--glibc-malloc-defaults"]
     )  # fmt: skip
     results = json.loads((tmp_path / "results.json").read_text())
 
