@@ -243,14 +243,14 @@ def prepare(args: argparse.Namespace) -> tuple[Path, Path]:
     return project.resolve(), data_dir.resolve()
 
 
-def measure(args: argparse.Namespace, runner: Runner, precision: str) -> dict[str, list]:
+def measure(args: argparse.Namespace, runner: Runner, measured: list[Case], precision: str) -> dict[str, list]:
     """Every measurement, `args.repeats` times, in interleaved order."""
     samples: dict[str, list] = {"import_floor_s": [], "loader": []}
     variants = GPU_VARIANTS if runner.accelerator == "gpu" else {}
     for repeat in range(args.repeats):
         print(f"repeat {repeat + 1}/{args.repeats}", flush=True)
         samples["import_floor_s"].append(runner.import_floor(f"import-floor-{repeat}"))
-        for number, case in enumerate(cases(runner.accelerator, args.glibc_malloc_defaults)):
+        for number, case in enumerate(measured):
             # Alternate which side goes first, so that neither always finds the machine in the same state.
             sides = ("template", "reference") if repeat % 2 == 0 else ("reference", "template")
             for side in sides:
@@ -434,8 +434,8 @@ def main(argv: list[str] | None = None) -> dict:
     batch_size = args.batch_size or config["data"]["batch_size"]
     runner = Runner(args, project, data_dir, accelerator)
     started = time.monotonic()
-    samples = measure(args, runner, precision)
     measured = cases(accelerator, args.glibc_malloc_defaults)
+    samples = measure(args, runner, measured, precision)
     results = summarise(samples, measured, accelerator, precision, batch_size)
     results["benchmark_seconds"] = time.monotonic() - started
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
