@@ -1,6 +1,10 @@
+import csv
+from pathlib import Path
+
 import pytest
 import torch
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import CSVLogger
 from torch.optim.lr_scheduler import StepLR
 
 from {{ cookiecutter.package_name }}.data import MNISTDataModule
@@ -53,12 +57,37 @@ def test_optimizer_and_scheduler_are_injected():
 
 def test_fit_reports_loss_and_accuracy_for_training_and_validation(mnist_dir, tmp_path):
     trainer = Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=4, limit_val_batches=2, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      default_root_dir=tmp_path)  # fmt: skip
+                      log_every_n_steps=2, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(MNISTClassifier(), MNISTDataModule(data_dir=str(mnist_dir), download=False, batch_size=32))
     metrics = trainer.callback_metrics
     assert {"train/loss", "train/acc", "val/loss", "val/acc"} <= metrics.keys()
     assert 0 <= metrics["train/acc"] <= 1 and 0 <= metrics["val/acc"] <= 1
+
+
+class StepLosses(Callback):
+    """Each optimizer step's training loss, as training_step returned it."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx) -> None:
+        self.losses.append(outputs["loss"].item())
+
+
+def test_the_logger_records_every_nth_steps_own_loss(mnist_dir, tmp_path):
+    # The loss is logged only on the steps the logger records; over two epochs of 5 steps, with
+    # logging every 3 steps, those are steps 2, 5 and 8 (0-based), each with its own loss.
+    losses = StepLosses()
+    trainer = Trainer(accelerator="cpu", max_epochs=2, limit_train_batches=5, limit_val_batches=1,
+                      log_every_n_steps=3, logger=CSVLogger(tmp_path), callbacks=[losses],
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(MNISTClassifier(), MNISTDataModule(data_dir=str(mnist_dir), download=False, batch_size=32))
+    with open(Path(trainer.logger.log_dir) / "metrics.csv") as file:
+        logged = {int(row["step"]): float(row["train/loss"]) for row in csv.DictReader(file) if row["train/loss"]}
+    assert sorted(logged) == [2, 5, 8]
+    assert logged == pytest.approx({step: losses.losses[step] for step in (2, 5, 8)})
 
 
 def test_predict_step_gives_class_and_confidence():

@@ -10,28 +10,32 @@ log = logging.getLogger(__name__)
 
 
 class PlainProgress(Callback):
-    """Every `every_n_steps` training steps, and after each validation, rank 0 logs one line.
+    """After every `every_n_steps`-th optimizer step, and after each validation, rank 0 logs one line.
 
     The command line uses this instead of the progress bar when output is not a terminal,
-    where a bar's redraws would fill the log file.
+    where a bar's redraws would fill the log file. Steps are counted over the whole run, as the
+    logger counts them, so each line shows the loss the logger records for that step.
     """
 
     def __init__(self, every_n_steps: int = 50) -> None:
         self.every_n_steps = every_n_steps
-        self._since = time.monotonic()
+        self._since = (time.monotonic(), 0)  # when, and after which step, the rate was last measured
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._since = time.monotonic()
+        self._since = (time.monotonic(), trainer.global_step)  # validation is not training time
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        step_in_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.completed + 1
-        if not trainer.is_global_zero or step_in_epoch % self.every_n_steps:
-            return
-        rate = self.every_n_steps / (time.monotonic() - self._since)
-        self._since = time.monotonic()
+        since_time, since_step = self._since
+        step = trainer.global_step  # this batch's optimizer step included
+        if not trainer.is_global_zero or step % self.every_n_steps or step == since_step:
+            return  # step == since_step: an accumulating batch, no new optimizer step
+        now = time.monotonic()
+        rate = (step - since_step) / (now - since_time)
+        self._since = (now, step)
         epoch = f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"
-        step = f"step {step_in_epoch}/{trainer.num_training_batches}"
-        log.info(f"{epoch} {step} {_metrics(trainer, 'train/')} ({rate:.1f} steps/s)")
+        step_in_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.completed + 1
+        where = f"{epoch} step {step_in_epoch}/{trainer.num_training_batches}"
+        log.info(f"{where} {_metrics(trainer, 'train/')} ({rate:.1f} steps/s)")
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.is_global_zero and not trainer.sanity_checking:
