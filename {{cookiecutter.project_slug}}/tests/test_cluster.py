@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from {{ cookiecutter.package_name }}.cli import num_nodes
 from {{ cookiecutter.package_name }}.cluster import (
@@ -49,6 +50,8 @@ SLURM = {"SLURM_NTASKS": "4", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "train", "S
 def environ(monkeypatch):
     """Replace os.environ by a clean copy for one test; returns a function that sets variables."""
     monkeypatch.setattr(os, "environ", clean_env())
+    # set_global_rank also sets Lightning's process-wide rank, which silences loggers in later tests.
+    monkeypatch.setattr(rank_zero_only, "rank", rank_zero_only.rank)
 
     def set_variables(variables: dict[str, str]) -> None:
         os.environ.update(variables)

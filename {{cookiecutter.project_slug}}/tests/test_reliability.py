@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 
 from .conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, quick_run_args, run_train
 
@@ -82,6 +83,26 @@ def last_words(log: Path) -> str:
 
 def load(path: Path) -> dict:
     return torch.load(path, weights_only=True, map_location="cpu")
+
+
+def test_lightnings_process_watcher_spares_the_node_once_its_processes_leave_the_list(monkeypatch):
+    # After a preemption the processes Lightning started exit 143 before the first one; its watcher
+    # would SIGKILL the first one for that. PreemptionCheckpoint empties the launcher's list of
+    # processes, which the watcher reads: this fails if a Lightning release stops sharing that list.
+    killed = []
+    monkeypatch.setattr(os, "kill", lambda pid, signum: killed.append(pid))
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(143)"])
+    child.wait()
+
+    watched = [child]
+    watcher = _ChildProcessObserver(main_pid=os.getpid(), child_processes=watched)
+    assert watcher._run() and killed == [os.getpid()]  # a child exited non-zero: the node is killed
+
+    killed.clear()
+    watched = [child]
+    watcher = _ChildProcessObserver(main_pid=os.getpid(), child_processes=watched)
+    watched.clear()
+    assert watcher._run() and killed == []
 
 
 def test_sigterm_mid_epoch_saves_a_resumable_checkpoint_and_exits_143(mnist_dir, tmp_path):

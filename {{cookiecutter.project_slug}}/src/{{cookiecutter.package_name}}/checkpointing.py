@@ -134,7 +134,12 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         trainer.save_checkpoint(self.ckpt_path)
         rank_zero_info(f"SIGTERM: saved {self.ckpt_path} at step {trainer.global_step}; exiting")
         # The node's first process ends last, so the platform sees the node finished when it exits.
-        for process in getattr(trainer.strategy.launcher, "procs", []):
+        # The processes Lightning started leave its watch list first: its watcher SIGKILLs the whole
+        # node as soon as one of them exits non-zero, and here each exits 143.
+        started = getattr(trainer.strategy.launcher, "procs", [])
+        children = list(started)
+        started.clear()
+        for process in children:
             process.wait(timeout=PREEMPTED_WAIT_SECONDS)
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
