@@ -19,19 +19,22 @@ class PlainProgress(Callback):
 
     def __init__(self, every_n_steps: int = 50) -> None:
         self.every_n_steps = every_n_steps
-        self._since = (time.monotonic(), 0)  # when, and after which step, the rate was last measured
+        # When, and after which optimizer step, the rate was last measured.
+        self._since_time = time.monotonic()
+        self._since_step = 0
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._since = (time.monotonic(), trainer.global_step)  # validation is not training time
+        # Validation is not training time.
+        self._since_time = time.monotonic()
+        self._since_step = trainer.global_step
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        since_time, since_step = self._since
         step = trainer.global_step  # this batch's optimizer step included
-        if not trainer.is_global_zero or step % self.every_n_steps or step == since_step:
-            return  # step == since_step: an accumulating batch, no new optimizer step
+        if not trainer.is_global_zero or step % self.every_n_steps or step == self._since_step:
+            return  # step == self._since_step: an accumulating batch, no new optimizer step
         now = time.monotonic()
-        rate = (step - since_step) / (now - since_time)
-        self._since = (now, step)
+        rate = (step - self._since_step) / (now - self._since_time)
+        self._since_time, self._since_step = now, step
         epoch = f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"
         step_in_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.completed + 1
         where = f"{epoch} step {step_in_epoch}/{trainer.num_training_batches}"
