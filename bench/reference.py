@@ -6,12 +6,17 @@ uint8 images kept in memory and normalised per batch, and for several processes 
 `DistributedDataParallel` script started like torchrun does (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR and MASTER_PORT in the environment). It trains until the timed window is done.
 
+`PlainLoop` is that loop, one step at a time, so that `interleaved.py` can also run it in turns
+with the template's own steps inside the template's processes.
+
     python bench/reference.py --config PROJECT/configs/mnist.yaml --data-dir DATA --out result.json
 """
 
 import argparse
 import importlib
+import itertools
 import os
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -19,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torchvision.datasets import MNIST
 
@@ -39,7 +45,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def training_split(data_dir: str, val_fraction: float, split_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def training_split(data_dir: str, val_fraction: float, split_seed: int) -> tuple[Tensor, Tensor]:
     """The template's training part of the MNIST training files: uint8 (N, 1, 28, 28) and int64 labels."""
     dataset = MNIST(data_dir, train=True, download=False)
     order = torch.randperm(len(dataset.targets), generator=torch.Generator().manual_seed(split_seed))
@@ -47,65 +53,98 @@ def training_split(data_dir: str, val_fraction: float, split_seed: int) -> tuple
     return dataset.data.unsqueeze(1)[train_ids], dataset.targets[train_ids]
 
 
+class PlainLoop:
+    """The hand-written loop's state; `step()` trains on the next batch.
+
+    With a process group initialised, the model is wrapped in `DistributedDataParallel` and each
+    process trains on its own shard of every epoch.
+    """
+
+    def __init__(
+        self,
+        package: str,
+        config_path: str,
+        data_dir: str,
+        device: torch.device,
+        precision: str = "32-true",
+        batch_size: int | None = None,
+    ) -> None:
+        config = yaml.safe_load(Path(config_path).read_text())
+        model_config, data_config = config["model"], config["data"]
+        optimizer_config, scheduler_config = model_config["optimizer"], model_config["scheduler"]
+        if (optimizer_config["class_path"], scheduler_config["class_path"]) != (
+            "torch.optim.AdamW",
+            "torch.optim.lr_scheduler.StepLR",
+        ):
+            raise SystemExit("the reference loop implements AdamW + StepLR, the default config's choice")
+        ConvNet = importlib.import_module(f"{package}.model").ConvNet
+        data_module = importlib.import_module(f"{package}.data")
+        self.mean, self.std = data_module.MEAN, data_module.STD
+
+        distributed = dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.world_size = dist.get_world_size() if distributed else 1
+        self.device = device
+        self.batch_size = batch_size or data_config["batch_size"]
+        self.images, self.labels = training_split(
+            data_dir, data_config["val_fraction"], data_config.get("split_seed", 0)
+        )
+        model = ConvNet(
+            channels=model_config["channels"], hidden=model_config["hidden"], dropout=model_config["dropout"]
+        ).to(device)
+        if distributed:
+            model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), **optimizer_config["init_args"])
+        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, **scheduler_config["init_args"])
+        bf16 = precision == "bf16-mixed"
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+        self.epoch = 0
+        self._batches = self._epochs()
+
+    def _epochs(self) -> Iterator[Tensor]:
+        """The indices of each batch, epoch after epoch; the scheduler steps between epochs."""
+        for self.epoch in itertools.count():
+            # Each process takes its own shard of a fresh permutation every epoch, as DistributedSampler does.
+            order = torch.randperm(len(self.labels), generator=torch.Generator().manual_seed(self.epoch))
+            order = order[: len(order) // self.world_size * self.world_size][self.rank :: self.world_size]
+            yield from order.split(self.batch_size)
+            self.scheduler.step()
+
+    def step(self) -> int:
+        """One optimizer step on the next batch; the images it trained on, over all processes."""
+        ids = next(self._batches)
+        x = self.images[ids].to(self.device, non_blocking=True).float().div_(255).sub_(self.mean).div_(self.std)
+        y = self.labels[ids].to(self.device, non_blocking=True)
+        with self.autocast:
+            loss = F.cross_entropy(self.model(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return len(ids) * self.world_size
+
+
 def main() -> None:
     args = parse_args()
-    config = yaml.safe_load(Path(args.config).read_text())
-    model_config, data_config = config["model"], config["data"]
-    optimizer_config, scheduler_config = model_config["optimizer"], model_config["scheduler"]
-    if (optimizer_config["class_path"], scheduler_config["class_path"]) != (
-        "torch.optim.AdamW",
-        "torch.optim.lr_scheduler.StepLR",
-    ):
-        raise SystemExit("the reference loop implements AdamW + StepLR, the default config's choice")
-
-    ConvNet = importlib.import_module(f"{args.package}.model").ConvNet
-    data_module = importlib.import_module(f"{args.package}.data")
-    mean, std = data_module.MEAN, data_module.STD
-
-    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.accelerator == "gpu":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if world_size > 1:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
-    torch.manual_seed(config["seed_everything"])
-    images, labels = training_split(args.data_dir, data_config["val_fraction"], data_config.get("split_seed", 0))
-    model = ConvNet(
-        channels=model_config["channels"], hidden=model_config["hidden"], dropout=model_config["dropout"]
-    ).to(device)
-    if world_size > 1:
-        model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    optimizer = torch.optim.AdamW(model.parameters(), **optimizer_config["init_args"])
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, **scheduler_config["init_args"])
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16-mixed" else nullcontext()
-
+    torch.manual_seed(yaml.safe_load(Path(args.config).read_text())["seed_everything"])
+    loop = PlainLoop(args.package, args.config, args.data_dir, device, args.precision, args.batch_size)
     clock = StepClock(args.warmup, args.steps, synchronize=torch.cuda.synchronize if device.type == "cuda" else None)
-    batch_size, epoch = args.batch_size or data_config["batch_size"], 0
     while not clock.done:
-        # Each process takes its own shard of a fresh permutation every epoch, as DistributedSampler does.
-        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(epoch))
-        order = order[: len(order) // world_size * world_size][rank::world_size]  # equal shards
-        for ids in order.split(batch_size):
-            x = images[ids].to(device, non_blocking=True).float().div_(255).sub_(mean).div_(std)
-            y = labels[ids].to(device, non_blocking=True)
-            with autocast:
-                loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            clock.tick(epoch, images=len(ids) * world_size)
-            if clock.done:
-                break
-        scheduler.step()
-        epoch += 1
+        images = loop.step()
+        clock.tick(loop.epoch, images)
 
-    if rank == 0:
+    if loop.rank == 0:
         clock.write(args.out)
-    if world_size > 1:
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 

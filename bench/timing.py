@@ -1,7 +1,7 @@
-"""Step timing shared by the template run (`step_timer.py`) and the plain PyTorch reference (`reference.py`).
+"""Step timing shared by the template run (`step_timer.py`, `interleaved.py`) and the plain PyTorch loop (`reference.py`).
 
-Both call `StepClock.tick(epoch, images)` right after each optimizer step and write the same
-JSON, so the two sides are timed over exactly the same window:
+Every side calls `StepClock.tick(epoch, images)` right after each optimizer step and writes the
+same JSON, so the sides are timed over exactly the same window:
 
 - steady-state throughput: images per second over the steps after `warmup`, counting only the
   intervals between two steps of the same epoch (an epoch boundary holds validation and
@@ -12,6 +12,9 @@ JSON, so the two sides are timed over exactly the same window:
   back to the system and takes again);
 - the wall-clock time (`time.time()`) of the first optimizer step, from which the benchmark,
   which knows when it started the process, computes the start-up time.
+
+When two sides take turns in one process, each side's clock is `restart`ed when its turn comes,
+so that the other side's steps are not counted as an interval of this one.
 """
 
 import itertools
@@ -30,18 +33,21 @@ class Tick(NamedTuple):
     page_faults: int
     epoch: int
     images: int  # trained on in the step that just ended, over all processes
+    after_step: bool  # False: a restart, the interval ending here was not this side's step
 
 
 class StepClock:
     def __init__(self, warmup: int, steps: int, synchronize: Callable[[], None] | None = None) -> None:
-        """`synchronize` waits for queued GPU work; it is called only where the timed window starts and ends,
-        so that the GPU can run ahead of the Python code in between, as it does in a normal run."""
+        """`synchronize` waits for queued GPU work; it is called only where the clock stops or
+        restarts (the window's ends, a turn's ends), so that the GPU can run ahead of the Python
+        code in between, as it does in a normal run."""
         if warmup < 1 or steps < 1:
             raise ValueError(f"warmup and steps must be at least 1, got {warmup} and {steps}")
         self.warmup = warmup
         self.steps = steps
         self.synchronize = synchronize
         self.first_step_wall_time: float | None = None
+        self.steps_taken = 0
         self.ticks: list[Tick] = []
 
     @property
@@ -50,24 +56,35 @@ class StepClock:
 
     @property
     def done(self) -> bool:
-        return len(self.ticks) >= self.total_steps
+        return self.steps_taken >= self.total_steps
 
-    def tick(self, epoch: int, images: int) -> None:
-        """After an optimizer step of `epoch` that trained on `images` images (over all processes)."""
+    def tick(self, epoch: int, images: int, last_of_turn: bool = False) -> None:
+        """After an optimizer step of `epoch` that trained on `images` images (over all processes).
+
+        `last_of_turn`: another side runs next in this process, so this step's GPU work must be
+        finished before the clock reads the time."""
         if self.first_step_wall_time is None:
             self.first_step_wall_time = time.time()
         if self.done:
             return
-        if self.synchronize is not None and len(self.ticks) in (self.warmup - 1, self.total_steps - 1):
-            self.synchronize()
-        page_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        self.ticks.append(Tick(time.perf_counter(), time.process_time(), page_faults, epoch, images))
+        self.steps_taken += 1
+        if last_of_turn or self.steps_taken in (self.warmup, self.total_steps):
+            self._synchronize()
+        self.ticks.append(self._read(epoch, images, after_step=True))
+
+    def restart(self, epoch: int) -> None:
+        """This side's turn begins: the next interval starts now, not at this side's last step."""
+        self._synchronize()
+        self.ticks.append(self._read(epoch, images=0, after_step=False))
 
     def result(self) -> dict:
         if not self.done:
-            raise RuntimeError(f"only {len(self.ticks)} of {self.total_steps} steps were timed")
-        window = self.ticks[self.warmup - 1 :]
-        steps = [(start, end) for start, end in itertools.pairwise(window) if start.epoch == end.epoch]
+            raise RuntimeError(f"only {self.steps_taken} of {self.total_steps} steps were timed")
+        step_ticks = [number for number, tick in enumerate(self.ticks) if tick.after_step]
+        window = self.ticks[step_ticks[self.warmup - 1] :]
+        steps = [
+            (start, end) for start, end in itertools.pairwise(window) if end.after_step and start.epoch == end.epoch
+        ]
         if not steps:
             raise RuntimeError("every timed step crossed an epoch boundary: use more data or fewer steps")
         images = sum(end.images for _, end in steps)
@@ -82,3 +99,12 @@ class StepClock:
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.result(), indent=2))
+
+    def _synchronize(self) -> None:
+        if self.synchronize is not None:
+            self.synchronize()
+
+    @staticmethod
+    def _read(epoch: int, images: int, after_step: bool) -> Tick:
+        page_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        return Tick(time.perf_counter(), time.process_time(), page_faults, epoch, images, after_step)

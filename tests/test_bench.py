@@ -13,25 +13,37 @@ sys.path.insert(0, str(TEMPLATE / "bench"))
 
 import benchmark  # noqa: E402
 
+COMPARISON_FIGURES = (
+    "template_images_per_s",
+    "reference_images_per_s",
+    "template_vs_reference",
+    "template_vs_reference_median_step",
+    "template_vs_reference_cpu_time",
+    "template_overhead_ms_per_step",
+)
+
+
+def assert_figure(value) -> None:
+    assert isinstance(value, float) and math.isfinite(value), value
+
 
 def test_a_minimal_benchmark_run_writes_every_figure(default_project, real_mnist, tmp_path):
     benchmark.main(
         ["--out", str(tmp_path), "--project", str(default_project), "--data-dir", str(real_mnist),
-         "--repeats", "1", "--warmup", "1", "--steps", "2", "--loader-seconds", "0.2", "--accelerator", "cpu",
-         "--glibc-malloc-defaults"]
+         "--repeats", "1", "--separate-repeats", "1", "--warmup", "1", "--steps", "3", "--turn", "2",
+         "--loader-seconds", "0.2", "--accelerator", "cpu"]
     )  # fmt: skip
     results = json.loads((tmp_path / "results.json").read_text())
 
-    def assert_figure(value) -> None:
-        assert isinstance(value, float) and math.isfinite(value), value
-
-    assert set(results["throughput"]) == {"1 process", "2 processes (DDP)", "1 process, glibc malloc defaults"}
+    assert set(results["throughput"]) == {"1 process", "2 processes (DDP)"}
     for case in results["throughput"].values():
-        for name in ("template_images_per_s", "reference_images_per_s", "template_vs_reference",
-                     "template_vs_reference_median_step", "template_vs_reference_cpu_time",
-                     "template_overhead_ms_per_step"):  # fmt: skip
-            assert_figure(case[name])
-        assert all(faults >= 0 for faults in case["page_faults_per_step"].values())
+        for comparison in (case, case["separate_processes"]):
+            for name in COMPARISON_FIGURES:
+                assert_figure(comparison[name])
+            assert all(faults >= 0 for faults in comparison["page_faults_per_step"].values())
+    # Taking turns, each side timed its own 3 steps after the warm-up step: two turns each.
+    for run in results["samples"]["interleaved: 1 process"]:
+        assert run["template"]["steps_timed"] == run["reference"]["steps_timed"] == 3
     for name in ("template_s", "reference_s", "import_floor_s", "template_over_floor_s"):
         assert_figure(results["startup"][name])
     for name in ("loader_images_per_s", "training_images_per_s", "loader_vs_training"):
@@ -41,3 +53,22 @@ def test_a_minimal_benchmark_run_writes_every_figure(default_project, real_mnist
     assert set(results["met"]) == set(results["targets"])
     assert all(isinstance(met, bool) for met in results["met"].values())
     assert results["machine"]["threads_per_process"] == 1
+
+
+def test_a_restarted_clock_counts_only_its_own_steps(monkeypatch):
+    import timing
+
+    now = iter(range(100))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: float(next(now)))
+    clock = timing.StepClock(warmup=1, steps=3)
+    clock.tick(epoch=0, images=10)  # t=0: the warm-up step; the window starts here
+    clock.restart(epoch=0)  # t=1: another side ran from 0 to 1
+    clock.tick(epoch=0, images=10)  # t=2
+    clock.tick(epoch=1, images=10)  # t=3: crossed an epoch boundary, not counted
+    clock.restart(epoch=1)  # t=4
+    clock.tick(epoch=1, images=10)  # t=5
+    clock.tick(epoch=1, images=10)  # after the window: ignored
+
+    result = clock.result()
+    assert clock.done and result["steps_timed"] == 2
+    assert result["images_per_s"] == 20 / 2  # the intervals 1-2 and 4-5
