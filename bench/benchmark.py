@@ -87,7 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--warmup", type=int, default=10, help="optimizer steps before the timed window")
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps timed")
-    parser.add_argument("--turn", type=int, default=10, help="steps per turn when the sides take turns")
+    parser.add_argument(
+        "--turn", type=int, help="steps per turn when the sides take turns (default: 1 on CPU, 10 on a GPU)"
+    )
     parser.add_argument("--batch-size", type=int, help="images per process and step (default: the config's)")
     parser.add_argument("--loader-seconds", type=float, default=3.0)
     parser.add_argument("--accelerator", choices=["auto", "cpu", "gpu"], default="auto")
@@ -421,7 +423,7 @@ def table(results: dict, args: argparse.Namespace) -> str:
         ),
         "",
         (
-            f"Taking turns in the same processes ({args.turn} steps a turn), medians of {args.repeats} runs;"
+            f"Taking turns in the same processes ({args.turn} step(s) a turn), medians of {args.repeats} runs;"
             f" separate processes: {args.separate_repeats} pairs of runs"
         ),
         (
@@ -484,6 +486,11 @@ def main(argv: list[str] | None = None) -> dict:
     accelerator = args.accelerator
     if accelerator == "auto":
         accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    if args.turn is None:
+        # On a CPU, bursts of a slower machine (about a second here) fall on both sides alike when
+        # they change every step. On a GPU each turn ends by waiting for the GPU, which would stop
+        # it from running ahead of Python at every step: longer turns keep that as in a real run.
+        args.turn = 10 if accelerator == "gpu" else 1
     project, data_dir = prepare(args)
     sys.path.insert(0, str(project / "src"))
     from importlib import import_module

@@ -3,13 +3,14 @@
 The benchmark adds it to the template's real `fit` (`--trainer.callbacks+=...`). After the
 template's warm-up steps the plain loop (`reference.PlainLoop`: its own `ConvNet`, optimizer and
 data, wrapped in its own `DistributedDataParallel` over the process group Lightning set up) warms
-up as many steps; then after every `turn` template steps it trains as many steps of its own,
-until each side has `steps` timed steps. Each side's clock restarts when its turn begins.
+up as many steps; then after every `turn` template steps (1: after each) it trains as many steps
+of its own, until each side has `steps` timed steps. Each side's clock restarts when its turn
+begins.
 
 Run in separate processes, the two sides differ by up to a third on a virtual machine whose
 processes each run faster or slower for their whole life. Taking turns in one process cancels
-that, and the drift of the machine's speed over seconds: what is left is the cost of the
-template's code per step.
+that, and short turns share out the bursts when the whole machine runs slower (about a second
+long here) between the two sides: what is left is the cost of the template's code per step.
 """
 
 import json
@@ -32,7 +33,7 @@ class InterleavedReference(Callback):
         data_dir: str,
         warmup: int = 10,
         steps: int = 60,
-        turn: int = 10,
+        turn: int = 1,
         precision: str = "32-true",
         batch_size: int | None = None,
     ) -> None:
