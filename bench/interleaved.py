@@ -59,9 +59,8 @@ class InterleavedReference(Callback):
         clock = self.template
         if clock.done:
             return
-        taken = clock.steps_taken + 1
-        timed = taken - self.warmup
-        turn_ends = timed == 0 or (timed > 0 and (timed % self.turn == 0 or timed == self.steps))
+        timed = clock.steps_taken + 1 - self.warmup  # this step's number in the timed window; 0 ends the warm-up
+        turn_ends = timed >= 0 and (timed % self.turn == 0 or timed == self.steps)
         # Every process gets an equal share of each global batch (DistributedSampler pads the shards).
         clock.tick(trainer.current_epoch, len(batch[0]) * trainer.world_size, last_of_turn=turn_ends)
         if turn_ends:
