@@ -12,7 +12,8 @@ repeats, so that drifting machine load touches every case alike:
   - in separate processes, back to back (`step_timer.py` in the template's run): what a user
     sees, with each process's own speed in it;
 - start-up: process start to first optimizer step, and the floor of importing torch, torchvision
-  and lightning in a fresh process;
+  and lightning in a fresh process, also with the garbage collector paused meanwhile, as the
+  template's train.py imports them;
 - the DataModule's training loader alone (`loader.py`).
 
 Two things are held the same for every process, because they move throughput more than anything
@@ -50,6 +51,8 @@ BENCH = Path(__file__).resolve().parent
 TEMPLATE = BENCH.parent
 
 IMPORT_FLOOR = "import torch, torchvision, lightning"
+# The same imports as the template's train.py does them: no garbage collection until they are done.
+IMPORT_FLOOR_COLLECTOR_PAUSED = f"import gc; gc.disable(); {IMPORT_FLOOR}; gc.freeze(); gc.enable()"
 TARGETS = {"template_vs_reference": 0.95, "loader_vs_training": 5.0, "startup_over_floor_s": 2.0}
 REUSE_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
 # On a GPU the template's 1-process run is repeated with each of these overrides of the default config.
@@ -144,9 +147,9 @@ class Runner:
         self.glibc_default_env = env
         self.env = {**env, **REUSE_FREED_MEMORY}
 
-    def import_floor(self, name: str) -> float:
+    def import_floor(self, name: str, imports: str) -> float:
         """Seconds from starting a process to the end of its imports (not its exit, which takes about a second)."""
-        command = [sys.executable, "-c", f"{IMPORT_FLOOR}; import time; print(time.time())"]
+        command = [sys.executable, "-c", f"{imports}; import time; print(time.time())"]
         started = self._run(name, command, self.env)
         return float((self.logs / f"{name}.log").read_text().split()[-1]) - started
 
@@ -278,14 +281,16 @@ def prepare(args: argparse.Namespace) -> tuple[Path, Path]:
 
 def measure(args: argparse.Namespace, runner: Runner, measured: list[Case], precision: str) -> dict[str, list]:
     """Every measurement `args.repeats` times, and `args.separate_repeats` pairs in separate processes, in rounds."""
-    samples: dict[str, list] = {"import_floor_s": [], "loader": []}
+    floors = {"import_floor_s": IMPORT_FLOOR, "import_floor_collector_paused_s": IMPORT_FLOOR_COLLECTOR_PAUSED}
+    samples: dict[str, list] = {**{floor: [] for floor in floors}, "loader": []}
     variants = GPU_VARIANTS if runner.accelerator == "gpu" else {}
     rounds = max(args.repeats, args.separate_repeats)
     for repeat in range(rounds):
         print(f"round {repeat + 1}/{rounds}", flush=True)
         taking_turns, separate = repeat < args.repeats, repeat < args.separate_repeats
         if taking_turns:
-            samples["import_floor_s"].append(runner.import_floor(f"import-floor-{repeat}"))
+            for floor, imports in floors.items():
+                samples[floor].append(runner.import_floor(f"{floor.removesuffix('_s')}-{repeat}", imports))
         for number, case in enumerate(measured):
             if taking_turns:
                 run = runner.interleaved(f"interleaved-{number}-{repeat}", case, precision)
@@ -354,7 +359,6 @@ def summarise(
             throughput[case.name]["separate_processes"] = comparison(
                 samples[f"template: {case.name}"], samples[f"reference: {case.name}"], images_per_step
             )
-    floors = samples["import_floor_s"]
     startups = [run["startup_s"] for run in side("interleaved: 1 process", "template")]
     training = throughput["1 process"]["template_images_per_s"]
     loader = statistics.median(run["images_per_s"] for run in samples["loader"])
@@ -375,8 +379,12 @@ def summarise(
         "startup": {
             "template_s": statistics.median(startups),
             "reference_s": statistics.median(reference_startups) if reference_startups else None,
-            "import_floor_s": statistics.median(floors),
-            "template_over_floor_s": statistics.median(t - f for t, f in zip(startups, floors, strict=True)),
+            "import_floor_s": statistics.median(samples["import_floor_s"]),
+            "template_over_floor_s": median_difference(startups, samples["import_floor_s"]),
+            "import_floor_collector_paused_s": statistics.median(samples["import_floor_collector_paused_s"]),
+            "template_over_collector_paused_floor_s": median_difference(
+                startups, samples["import_floor_collector_paused_s"]
+            ),
         },
         "loader": {
             "loader_images_per_s": loader,
@@ -458,6 +466,11 @@ def table(results: dict, args: argparse.Namespace) -> str:
             f" template - floor {startup['template_over_floor_s']:+.2f} s"
         ),
         (
+            f"  the same imports with the garbage collector paused, as train.py does them:"
+            f" {startup['import_floor_collector_paused_s']:.2f} s; template - that floor"
+            f" {startup['template_over_collector_paused_floor_s']:+.2f} s"
+        ),
+        (
             f"train loader alone: {loader['loader_images_per_s']:.0f} images/s, {loader['loader_vs_training']:.0f}x"
             f" what training consumes ({loader['training_images_per_s']:.0f} images/s)"
         ),
@@ -475,6 +488,11 @@ def table(results: dict, args: argparse.Namespace) -> str:
         "met: " + ", ".join(f"{name} {'yes' if met else 'NO'}" for name, met in results["met"].items()),
     ]
     return "\n".join(lines)
+
+
+def median_difference(later: list[float], earlier: list[float]) -> float:
+    """The median of the differences between runs of the same round."""
+    return statistics.median(a - b for a, b in zip(later, earlier, strict=True))
 
 
 def span(comparison: dict) -> str:

@@ -44,7 +44,10 @@ def test_a_minimal_benchmark_run_writes_every_figure(default_project, real_mnist
     # Taking turns, each side timed its own 3 steps after the warm-up step: two turns each.
     for run in results["samples"]["interleaved: 1 process"]:
         assert run["template"]["steps_timed"] == run["reference"]["steps_timed"] == 3
-    for name in ("template_s", "reference_s", "import_floor_s", "template_over_floor_s"):
+    for name in (
+        "template_s", "reference_s", "import_floor_s", "template_over_floor_s",
+        "import_floor_collector_paused_s", "template_over_collector_paused_floor_s",
+    ):  # fmt: skip
         assert_figure(results["startup"][name])
     for name in ("loader_images_per_s", "training_images_per_s", "loader_vs_training"):
         assert_figure(results["loader"][name])
