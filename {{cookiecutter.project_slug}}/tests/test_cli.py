@@ -1,5 +1,8 @@
 """`train.py` itself, run as a user runs it."""
 
+import subprocess
+import sys
+
 import yaml
 
 from .conftest import PROJECT_ROOT, clean_env, quick_run_args, run_train
@@ -17,6 +20,18 @@ def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(mnist_dir
     second = run_train("fit", *quick_run_args(mnist_dir, run_dir), "--trainer.max_epochs", "2")
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Restoring states from the checkpoint" in second.stdout + second.stderr
+
+
+def test_train_py_turns_the_garbage_collector_back_on_with_the_imports_frozen():
+    # train.py pauses the collector while torch and Lightning import: training must not run without it.
+    probe = "import gc, runpy; runpy.run_path('train.py'); print(gc.isenabled(), gc.get_freeze_count())"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    enabled, frozen = result.stdout.split()
+    assert enabled == "True"
+    assert int(frozen) > 100_000  # torch's and Lightning's objects, never scanned again
 
 
 def test_test_subcommand_reports_accuracy_from_a_checkpoint(mnist_dir, tmp_path):
