@@ -321,8 +321,8 @@ def comparison(templates: list[dict], references: list[dict], images_per_step: i
 
     throughput = ratios("images_per_s")
     return {
-        "template_images_per_s": statistics.median(run["images_per_s"] for run in templates),
-        "reference_images_per_s": statistics.median(run["images_per_s"] for run in references),
+        "template_images_per_s": median_of(templates, "images_per_s"),
+        "reference_images_per_s": median_of(references, "images_per_s"),
         "template_vs_reference": statistics.median(throughput),
         "template_vs_reference_range": [min(throughput), max(throughput)],
         # Less disturbed by other programs than the mean: the steps' median, and CPU time.
@@ -331,8 +331,8 @@ def comparison(templates: list[dict], references: list[dict], images_per_step: i
         # What the template adds to each optimizer step (negative: it was faster).
         "template_overhead_ms_per_step": statistics.median(overhead_ms(*pair) for pair in pairs),
         "page_faults_per_step": {
-            "template": statistics.median(run["page_faults_per_step"] for run in templates),
-            "reference": statistics.median(run["page_faults_per_step"] for run in references),
+            "template": median_of(templates, "page_faults_per_step"),
+            "reference": median_of(references, "page_faults_per_step"),
         },
     }
 
@@ -361,8 +361,7 @@ def summarise(
             )
     startups = [run["startup_s"] for run in side("interleaved: 1 process", "template")]
     training = throughput["1 process"]["template_images_per_s"]
-    loader = statistics.median(run["images_per_s"] for run in samples["loader"])
-    reference_startups = [run["startup_s"] for run in samples.get("reference: 1 process", [])]
+    loader = median_of(samples["loader"], "images_per_s")
     results = {
         "machine": {
             "accelerator": accelerator,
@@ -378,7 +377,9 @@ def summarise(
         "throughput": throughput,
         "startup": {
             "template_s": statistics.median(startups),
-            "reference_s": statistics.median(reference_startups) if reference_startups else None,
+            "reference_s": (
+                median_of(samples["reference: 1 process"], "startup_s") if "reference: 1 process" in samples else None
+            ),
             "import_floor_s": statistics.median(samples["import_floor_s"]),
             "template_over_floor_s": median_difference(startups, samples["import_floor_s"]),
             "import_floor_collector_paused_s": statistics.median(samples["import_floor_collector_paused_s"]),
@@ -405,9 +406,7 @@ def summarise(
     if accelerator == "gpu":
         results["gpu_images_per_s"] = {f"default ({precision})": training}
         for variant in GPU_VARIANTS:
-            results["gpu_images_per_s"][variant] = statistics.median(
-                run["images_per_s"] for run in samples[f"template: 1 process, {variant}"]
-            )
+            results["gpu_images_per_s"][variant] = median_of(samples[f"template: 1 process, {variant}"], "images_per_s")
     results["targets"] = TARGETS
     results["met"] = {
         "template_vs_reference": all(
@@ -488,6 +487,10 @@ def table(results: dict, args: argparse.Namespace) -> str:
         "met: " + ", ".join(f"{name} {'yes' if met else 'NO'}" for name, met in results["met"].items()),
     ]
     return "\n".join(lines)
+
+
+def median_of(runs: list[dict], field: str) -> float:
+    return statistics.median(run[field] for run in runs)
 
 
 def median_difference(later: list[float], earlier: list[float]) -> float:

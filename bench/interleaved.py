@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from reference import PlainLoop
-from timing import StepClock
+from timing import StepClock, synchronize_on
 
 
 class InterleavedReference(Callback):
@@ -48,7 +48,7 @@ class InterleavedReference(Callback):
         self.batch_size = batch_size
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        synchronize = torch.cuda.synchronize if pl_module.device.type == "cuda" else None
+        synchronize = synchronize_on(pl_module.device)
         self.template = StepClock(self.warmup, self.steps, synchronize)
         self.reference = StepClock(self.warmup, self.steps, synchronize)
         self.plain: PlainLoop | None = None  # built at its first turn: the template's start-up is timed alone

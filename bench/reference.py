@@ -28,7 +28,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torchvision.datasets import MNIST
 
-from timing import StepClock
+from timing import StepClock, synchronize_on
 
 
 def parse_args() -> argparse.Namespace:
@@ -137,7 +137,7 @@ def main() -> None:
 
     torch.manual_seed(yaml.safe_load(Path(args.config).read_text())["seed_everything"])
     loop = PlainLoop(args.package, args.config, args.data_dir, device, args.precision, args.batch_size)
-    clock = StepClock(args.warmup, args.steps, synchronize=torch.cuda.synchronize if device.type == "cuda" else None)
+    clock = StepClock(args.warmup, args.steps, synchronize=synchronize_on(device))
     while not clock.done:
         images = loop.step()
         clock.tick(loop.epoch, images)

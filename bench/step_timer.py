@@ -6,10 +6,9 @@ the figures to `out` once the window is timed.
 
 from typing import Any
 
-import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from timing import StepClock
+from timing import StepClock, synchronize_on
 
 
 class StepTimer(Callback):
@@ -21,8 +20,7 @@ class StepTimer(Callback):
         self.written = False
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        on_gpu = pl_module.device.type == "cuda"
-        self.clock = StepClock(self.warmup, self.steps, synchronize=torch.cuda.synchronize if on_gpu else None)
+        self.clock = StepClock(self.warmup, self.steps, synchronize=synchronize_on(pl_module.device))
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int

@@ -26,6 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import torch
+
+
+def synchronize_on(device: torch.device) -> Callable[[], None] | None:
+    """What waits for `device`'s queued work, for `StepClock`: none is needed on a CPU."""
+    return torch.cuda.synchronize if device.type == "cuda" else None
+
 
 class Tick(NamedTuple):
     wall: float  # time.perf_counter()
