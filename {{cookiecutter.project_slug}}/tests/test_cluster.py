@@ -9,7 +9,7 @@ import pytest
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from {{ cookiecutter.package_name }}.cli import num_nodes
+from {{ cookiecutter.package_name }}.cli import devices_per_node, num_nodes
 from {{ cookiecutter.package_name }}.cluster import (
     DEFAULT_MAIN_PORT,
     ClusterConfigError,
@@ -149,6 +149,59 @@ def test_node_counts_of_lightning_platforms(environ):
     os.environ.clear()
     environ(SLURM)
     assert detect_platform().num_nodes == 2
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        (TORCHRUN, ("LOCAL_WORLD_SIZE", 2)),
+        ({**SLURM, "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2(x2)"}, ("SLURM_NTASKS_PER_NODE", 2)),
+        ({**SLURM, "SLURM_TASKS_PER_NODE": "2(x2)"}, ("SLURM_TASKS_PER_NODE", 2)),  # sbatch --ntasks=4 --nodes=2
+        ({**SLURM, "SLURM_TASKS_PER_NODE": "3,1"}, ("SLURM_TASKS_PER_NODE", None)),  # nodes differ: no one count
+        (SING_NODE_1, ("", None)),  # Lightning starts one process per device
+        ({}, ("", None)),
+    ],
+)
+def test_processes_per_node_come_from_the_launcher(environ, variables, expected):
+    environ(variables)
+    platform = detect_platform()
+    assert (platform.processes_per_node_variable, platform.processes_per_node) == expected
+
+
+def test_devices_follow_the_launcher_unless_set_to_the_same_count(environ):
+    environ({**SLURM, "SLURM_NTASKS_PER_NODE": "2"})
+    platform = detect_platform()
+    assert devices_per_node("auto", platform) == 2
+    assert devices_per_node(2, platform) == 2
+    assert devices_per_node([0, 1], platform) == [0, 1]
+    named_both = r"trainer\.devices=.* but SLURM_NTASKS_PER_NODE=2: Slurm started 2"
+    for wrong in (3, "1", [0, 1, 2]):
+        with pytest.raises(ClusterConfigError, match=named_both):
+            devices_per_node(wrong, platform)
+    os.environ.clear()
+    environ({})
+    assert devices_per_node("auto", detect_platform()) == "auto"  # Lightning counts the devices itself
+
+
+@pytest.mark.parametrize("environment_class", [SINGEnvironment, PODEnvironment])
+def test_ranks_before_launch_are_never_wrong(environ, environment_class):
+    node_1 = SING_NODE_1 if environment_class is SINGEnvironment else POD_NODE_1
+    environ({**node_1, "MASTER_PORT": "29400"})
+    # Node 1's first process: not rank 0, and which rank depends on the devices the Trainer finds.
+    first = environment_class()
+    assert first.rank_before_launch() is None
+    first.use_rank_before_launch()
+    assert "RANK" not in os.environ and rank_zero_only.rank != 0
+    # A process Lightning started on node 1 (what its launcher sets): 2 processes per node.
+    os.environ.update(WORLD_SIZE="4", LOCAL_RANK="1", NODE_RANK="1")
+    started = environment_class()
+    started.use_rank_before_launch()
+    assert (started.rank_before_launch(), os.environ["RANK"], rank_zero_only.rank) == (3, "3", 3)
+    # Node 0's first process is rank 0.
+    os.environ.clear()
+    environ({**node_1, "SING_RANK": "0", "RANK": "0"})
+    environment_class().use_rank_before_launch()
+    assert rank_zero_only.rank == 0
 
 
 @pytest.mark.parametrize(

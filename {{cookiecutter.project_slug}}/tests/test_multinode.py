@@ -6,6 +6,7 @@ one job (world size 4, global ranks 0..3, the right node ranks) and ended with i
 """
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -21,12 +22,25 @@ DEVICES_PER_NODE = 2
 
 
 def train_command(data_dir: Path, tmp_path: Path) -> list[str]:
+    """`fit` for a few steps; each process reports its ranks. Devices per node: left to the platform."""
     return [
         "fit",
         *quick_run_args(data_dir, tmp_path / "run"),
-        "--trainer.devices", str(DEVICES_PER_NODE),
         "--trainer.callbacks+=tests.rank_report.ReportRank",
         "--trainer.callbacks.out_dir", str(tmp_path / "reports"),
+    ]  # fmt: skip
+
+
+def node_level_command(data_dir: Path, tmp_path: Path) -> list[str]:
+    """SING and POD start one process per node; Lightning starts one per device ("auto" is 1 on a CPU)."""
+    devices = ["--trainer.devices", str(DEVICES_PER_NODE)]
+    return [sys.executable, str(TRAIN_SCRIPT), *train_command(data_dir, tmp_path), *devices]
+
+
+def torchrun_command(data_dir: Path, tmp_path: Path, *options: str) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", *options, "--nproc-per-node", str(DEVICES_PER_NODE),
+        str(TRAIN_SCRIPT), *train_command(data_dir, tmp_path),
     ]  # fmt: skip
 
 
@@ -78,21 +92,36 @@ def node_envs(platform: str, port: int) -> list[dict[str, str]]:
     return [clean_env(**common, RANK=str(rank)) for rank in range(2)]
 
 
+def without_wandb_key(env: dict[str, str]) -> dict[str, str]:
+    """Let the project choose wandb's mode, with no key anywhere: it logs offline and says so."""
+    env = {name: value for name, value in env.items() if name not in ("WANDB_MODE", "WANDB_API_KEY")}
+    return {**env, "NETRC": "/nonexistent/netrc"}
+
+
 @pytest.mark.parametrize("platform", ["SING", "POD"])
 def test_two_nodes_of_two_processes(platform, mnist_dir, tmp_path):
     port = free_port()
-    command = [sys.executable, str(TRAIN_SCRIPT), *train_command(mnist_dir, tmp_path), "--cluster.main_port", str(port)]
-    nodes = start_nodes([command, command], node_envs(platform, port), tmp_path / "logs")
+    command = [*node_level_command(mnist_dir, tmp_path), "--cluster.main_port", str(port)]
+    envs = [without_wandb_key(env) for env in node_envs(platform, port)]
+    nodes = start_nodes([command, command], envs, tmp_path / "logs")
     wait_for_job(nodes, tmp_path / "logs")
     assert_one_job(tmp_path / "reports", num_nodes=2)
-    node0_log = (tmp_path / "logs" / "node0.log").read_text()
-    assert f"[{platform}] node_rank=0 local_rank=1 global_rank=1 world_size=4 main=127.0.0.1:{port}" in node0_log
+    logs = [(tmp_path / "logs" / f"node{index}.log").read_text() for index in range(2)]
+    assert f"[{platform}] node_rank=0 local_rank=1 global_rank=1 world_size=4 main=127.0.0.1:{port}" in logs[0]
+
+    # Before the job forms, no process prints a rank it will not have, and rank 0's messages appear once.
+    for node, log in enumerate(logs):
+        node_ranks = {node * DEVICES_PER_NODE + local for local in range(DEVICES_PER_NODE)}
+        printed = {int(rank) for rank in re.findall(r"\[rank: (\d+)\] Seed set to", log)}
+        assert printed <= node_ranks, f"node {node} printed ranks {printed}:\n{log[-3000:]}"
+    for once in ("so this run logs offline", "GPU available:"):
+        assert [log.count(once) for log in logs] == [1, 0], once
 
 
 def test_nodes_that_start_30_seconds_apart_still_form_one_job(mnist_dir, tmp_path):
     # Pods start at different moments: here node 1 waits half a minute for node 0.
     port = free_port()
-    command = [sys.executable, str(TRAIN_SCRIPT), *train_command(mnist_dir, tmp_path)]
+    command = node_level_command(mnist_dir, tmp_path)
     node0_env, node1_env = node_envs("POD", port)
     node1 = start_node(command, node1_env, tmp_path / "logs" / "node1.log")
     time.sleep(30)
@@ -104,12 +133,30 @@ def test_nodes_that_start_30_seconds_apart_still_form_one_job(mnist_dir, tmp_pat
 def test_torchrun_two_nodes_with_c10d_rendezvous(mnist_dir, tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
     commands = [
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(DEVICES_PER_NODE),
-         "--node-rank", str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "test",
-         str(TRAIN_SCRIPT), *train_command(mnist_dir, tmp_path)]
+        torchrun_command(mnist_dir, tmp_path, "--nnodes", "2", "--node-rank", str(rank), "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", endpoint, "--rdzv-id", "test")
         for rank in range(2)
     ]  # fmt: skip
     nodes = start_nodes(commands, [clean_env(), clean_env()], tmp_path / "logs")
     wait_for_job(nodes, tmp_path / "logs")
     assert_one_job(tmp_path / "reports", num_nodes=2)
     assert "[torchrun]" in (tmp_path / "logs" / "node0.log").read_text()
+
+
+def test_torchrun_decides_the_processes_per_node(mnist_dir, tmp_path):
+    # trainer.devices is "auto" in the config: on a CPU that alone would mean 1 device, not torchrun's 2.
+    (node,) = start_nodes([torchrun_command(mnist_dir, tmp_path, "--standalone")], [clean_env()], tmp_path / "logs")
+    wait_for_job([node], tmp_path / "logs")
+    assert_one_job(tmp_path / "reports", num_nodes=1)
+
+
+def test_torchrun_refuses_a_different_device_count_in_one_line(mnist_dir, tmp_path):
+    command = [*torchrun_command(mnist_dir, tmp_path, "--standalone"), "--trainer.devices", "3"]
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: trainer.devices=3 but LOCAL_WORLD_SIZE=2: torchrun started 2 processes on this node;"
+        " leave trainer.devices at auto, the launcher sets it"
+    ], result.stderr[-3000:]
+    assert not (tmp_path / "reports").exists()

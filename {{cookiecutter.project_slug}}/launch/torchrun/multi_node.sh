@@ -19,10 +19,8 @@ MAX_RESTARTS="${MAX_RESTARTS:-0}"
 # ---------------------------------------------------------------------------------------------
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."  # the project root, where train.py is
-# Lightning must drive as many devices as torchrun starts processes ("auto": every visible GPU).
-DEVICES=auto
-[[ "${NPROC_PER_NODE}" == gpu ]] || DEVICES="${NPROC_PER_NODE}"
+# trainer.devices: auto takes torchrun's processes per node (LOCAL_WORLD_SIZE).
 exec torchrun --nnodes="${NNODES}" --nproc-per-node="${NPROC_PER_NODE}" \
     --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id="${RDZV_ID}" \
     --max-restarts="${MAX_RESTARTS}" \
-    train.py fit --config configs/mnist.yaml --trainer.devices "${DEVICES}" "$@"
+    train.py fit --config configs/mnist.yaml "$@"

@@ -8,8 +8,6 @@ NPROC_PER_NODE="${NPROC_PER_NODE:-gpu}"  # processes on this machine; "gpu" = on
 # ---------------------------------------------------------------------------------------------
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."  # the project root, where train.py is
-# Lightning must drive as many devices as torchrun starts processes ("auto": every visible GPU).
-DEVICES=auto
-[[ "${NPROC_PER_NODE}" == gpu ]] || DEVICES="${NPROC_PER_NODE}"
+# trainer.devices: auto takes torchrun's processes per node (LOCAL_WORLD_SIZE).
 exec torchrun --standalone --nproc-per-node="${NPROC_PER_NODE}" \
-    train.py fit --config configs/mnist.yaml --trainer.devices "${DEVICES}" "$@"
+    train.py fit --config configs/mnist.yaml "$@"

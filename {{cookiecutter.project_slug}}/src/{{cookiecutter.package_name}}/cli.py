@@ -4,6 +4,7 @@ Everything a run writes goes under `trainer.default_root_dir`: checkpoints in `c
 the logger's files and `config.yaml`, unless the config names other places.
 """
 
+import importlib
 import logging
 import os
 import pickle
@@ -16,13 +17,22 @@ import torch
 from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import Checkpoint, DeviceStatsMonitor, LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .checkpointing import PREEMPTED_EXIT_CODE, AtomicCheckpointIO, refusal_reason
-from .cluster import ClusterConfigError, ClusterSettings, Platform, detect_platform, platform_of
+from .cluster import (
+    ClusterConfigError,
+    ClusterSettings,
+    NodeLevelEnvironment,
+    Platform,
+    detect_platform,
+    platform_of,
+)
 from .data import MNISTDataModule
 from .diagnostics import ExplainDistributedFailure, LogProcessPlacement
 from .errors import ConfigError
@@ -39,6 +49,8 @@ OUTPUT_DIRS = {
     ".PredictionWriter": ("output_dir", ""),
 }
 CHECKPOINT_ALIASES = ("last", "best", "hpc")
+# Callbacks that Lightning refuses in a run without a logger.
+NEEDS_A_LOGGER = (LearningRateMonitor, DeviceStatsMonitor)
 
 
 class ProjectCLI(LightningCLI):
@@ -47,27 +59,33 @@ class ProjectCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
-        # LightningCLI reads the checkpoint right after parsing: check it first.
         subcommand = self.config.get("subcommand")
         if subcommand:
-            check_checkpoint_path(self.config[subcommand].get("ckpt_path"))
+            config = self.config[subcommand]
+            # LightningCLI reads the checkpoint right after parsing: check it first.
+            check_checkpoint_path(config.get("ckpt_path"))
+            # Before anything logs (the seed is set next): which platform, and this process's rank on it.
+            self.platform = None if names_a_cluster_environment(config.trainer) else detect_platform(config.cluster)
+            if self.platform is not None and isinstance(self.platform.environment, NodeLevelEnvironment):
+                self.platform.environment.use_rank_before_launch()
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
+        leave_out_what_cannot_run(config)
         use_sweep_run_dir(config.trainer)
         put_outputs_under_root_dir(config.trainer)
         use_fast_defaults(config.trainer)  # bf16-mixed on GPUs that support it, unless trainer.precision is set
         for logger in _configured(config.trainer.logger):
             if logger.class_path.endswith(".WandbLogger"):
                 choose_wandb_mode(logger.init_args.save_dir)
-                if self.subcommand == "fit":
+                if self.subcommand == "fit" and config.trainer.enable_checkpointing is not False:
                     keep_wandb_run_id(logger, checkpoint_dir(config.trainer))
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self.config_init[self.subcommand]
         plugins = list(_configured(config.trainer.plugins))
         chosen = [plugin for plugin in plugins if isinstance(plugin, ClusterEnvironment)]
-        platform = platform_of(chosen[0]) if chosen else detect_platform(config.cluster)
+        platform = platform_of(chosen[0]) if chosen else self.platform
         if platform.environment is not None and not chosen:
             plugins.append(platform.environment)
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
@@ -83,8 +101,75 @@ class ProjectCLI(LightningCLI):
             kwargs["enable_progress_bar"] = False
             callbacks.append(PlainProgress(config.trainer.log_every_n_steps or 50))
         return super().instantiate_trainer(
-            plugins=plugins, num_nodes=num_nodes(config.trainer.num_nodes, platform), callbacks=callbacks, **kwargs
+            plugins=plugins,
+            num_nodes=num_nodes(config.trainer.num_nodes, platform),
+            devices=devices_per_node(config.trainer.devices, platform),
+            callbacks=callbacks,
+            **kwargs,
         )
+
+
+def leave_out_what_cannot_run(config: Namespace) -> None:
+    """Leave out the callbacks that need what the run turned off, with one line per reason.
+
+    Lightning refuses a learning-rate monitor without a logger and checkpoint callbacks with
+    checkpointing off; `--trainer.logger false` or `--trainer.enable_checkpointing false` on the
+    default config then means "without those", not a traceback.
+    """
+    trainer = config.trainer
+    if trainer.logger is False or trainer.logger == []:
+        left_out = _leave_out(trainer, NEEDS_A_LOGGER)
+        if left_out:
+            rank_zero_info(f"trainer.logger is off: leaving out {left_out}")
+    if trainer.enable_checkpointing is False:
+        left_out = _leave_out(trainer, (Checkpoint,))
+        resumes = config.get("ckpt_path") == "last"
+        if resumes:
+            config.ckpt_path = None  # nothing this run writes could be resumed from
+        if left_out or resumes:
+            not_resuming = "; starting afresh instead of resuming (ckpt_path: last)" if resumes else ""
+            rank_zero_info(f"trainer.enable_checkpointing is false: leaving out {left_out or 'nothing'}{not_resuming}")
+
+
+def _leave_out(trainer: Namespace, kinds: tuple[type[Callback], ...]) -> str:
+    """Drop the configured callbacks of these kinds; their class names, or "" when there were none."""
+    kept, left_out = [], []
+    for callback in _configured(trainer.callbacks):
+        (left_out if issubclass(_class_of(callback.class_path), kinds) else kept).append(callback)
+    trainer.callbacks = kept
+    return ", ".join(dict.fromkeys(callback.class_path.rpartition(".")[2] for callback in left_out))
+
+
+def names_a_cluster_environment(trainer: Namespace) -> bool:
+    """Whether `trainer.plugins` in the config chooses the ClusterEnvironment itself."""
+    return any(
+        isinstance(plugin, Namespace) and issubclass(_class_of(plugin.class_path), ClusterEnvironment)
+        for plugin in _configured(trainer.plugins)
+    )
+
+
+def devices_per_node(configured: int | str | list[int], platform: Platform) -> int | str | list[int]:
+    """The processes the launcher started on this node when `trainer.devices` is auto; a different count is an error."""
+    started = platform.processes_per_node
+    if started is None:
+        return configured
+    if configured == "auto":
+        return started
+    requested = _device_count(configured)
+    if requested is not None and requested != started:
+        raise ClusterConfigError(
+            f"trainer.devices={configured} but {platform.processes_per_node_variable}={started}: {platform.name}"
+            f" started {started} processes on this node; leave trainer.devices at auto, the launcher sets it"
+        )
+    return configured
+
+
+def _device_count(devices: int | str | list[int]) -> int | None:
+    """How many devices `trainer.devices` asks for, when it says so plainly (a count or a list of indices)."""
+    if isinstance(devices, list):
+        return len(devices)
+    text = str(devices).strip()
+    return int(text) if text.isdigit() else None
 
 
 def num_nodes(configured: int, platform: Platform) -> int:
@@ -147,6 +232,11 @@ def check_checkpoint_path(ckpt_path: str | None) -> None:
         raise ConfigError(f"refused to load ckpt_path {ckpt_path}: {refusal_reason(error)}") from None
 
 
+def _class_of(class_path: str) -> type:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
 def _configured(value) -> list:
     """A config entry that may be missing, a single item or a list, as a list."""
     if value is None or isinstance(value, bool):
@@ -166,7 +256,9 @@ def main(args: list[str] | None = None) -> None:
     try:
         ProjectCLI(MNISTClassifier, MNISTDataModule, save_config_callback=SaveRunRecord, args=args)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        # Under torchrun and Slurm every process of a node finds the same error: the first one says it.
+        if os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":
+            print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     except SIGTERMException:
         # Lightning ends a process stopped by SIGTERM outside training with status 0: it did not finish.

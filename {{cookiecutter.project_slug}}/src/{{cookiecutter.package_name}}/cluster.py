@@ -11,6 +11,7 @@ Debug a launch without training: `python -m {{ cookiecutter.package_name }}.clus
 
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -149,6 +150,32 @@ class NodeLevelEnvironment(ClusterEnvironment):
         # Code that reads RANK (loggers, user code) must see this process's rank, not the node's.
         os.environ["RANK"] = str(rank)
 
+    def rank_before_launch(self) -> int | None:
+        """This process's global rank as far as it is known before the Trainer counts the devices.
+
+        Node 0's first process is rank 0. The processes Lightning started know theirs from the
+        variables it set (WORLD_SIZE is then the number of processes). The first process of
+        another node learns its rank only once the Trainer knows how many devices each node has.
+        """
+        if "LOCAL_RANK" not in os.environ:
+            return 0 if self._node_rank == 0 else None
+        processes_per_node = int(os.environ["WORLD_SIZE"]) // self._num_nodes
+        return self._node_rank * processes_per_node + self.local_rank()
+
+    def use_rank_before_launch(self) -> None:
+        """Make log lines rank-correct from the start: rank-zero-only output, and the `[rank: N]` prefixes.
+
+        At import, Lightning takes its rank from RANK or LOCAL_RANK, which on these platforms are
+        the node's index (POD) or the local rank (processes Lightning started), not the global rank.
+        """
+        rank = self.rank_before_launch()
+        if rank is not None:
+            self.set_global_rank(rank)
+            return
+        # Not rank 0, but which rank is not known yet: print none rather than a wrong one.
+        os.environ.pop("RANK", None)
+        rank_zero_only.rank = self._node_rank
+
     def world_size(self) -> int:
         return self._world_size
 
@@ -244,6 +271,10 @@ class Platform:
     # The platform's node count and the variable it came from; None when the platform gives none.
     num_nodes: int | None = None
     num_nodes_variable: str = ""
+    # The processes the launcher started on this node (torchrun, Slurm) and the variable it came
+    # from; None where Lightning starts them itself, one per device.
+    processes_per_node: int | None = None
+    processes_per_node_variable: str = ""
 
 
 def platform_of(environment: ClusterEnvironment) -> Platform:
@@ -259,10 +290,32 @@ def detect_platform(settings: ClusterSettings | None = None) -> Platform:
         if environment_class.detect():
             return platform_of(environment_class(settings.main_port, settings.address_timeout))
     if TorchElasticEnvironment.detect():
-        return Platform("torchrun", num_nodes=_require_int("GROUP_WORLD_SIZE"), num_nodes_variable="GROUP_WORLD_SIZE")
+        return Platform(
+            "torchrun",
+            num_nodes=_require_int("GROUP_WORLD_SIZE"),
+            num_nodes_variable="GROUP_WORLD_SIZE",
+            processes_per_node=_require_int("LOCAL_WORLD_SIZE"),
+            processes_per_node_variable="LOCAL_WORLD_SIZE",
+        )
     if SLURMEnvironment.detect():
-        return Platform("Slurm", num_nodes=_require_int("SLURM_NNODES"), num_nodes_variable="SLURM_NNODES")
+        tasks_variable, tasks_per_node = _slurm_tasks_per_node()
+        return Platform(
+            "Slurm",
+            num_nodes=_require_int("SLURM_NNODES"),
+            num_nodes_variable="SLURM_NNODES",
+            processes_per_node=tasks_per_node,
+            processes_per_node_variable=tasks_variable,
+        )
     return Platform("local")
+
+
+def _slurm_tasks_per_node() -> tuple[str, int | None]:
+    """Slurm's tasks per node: `--ntasks-per-node`, else the allocation's when every node has the same count."""
+    if "SLURM_NTASKS_PER_NODE" in os.environ:
+        return "SLURM_NTASKS_PER_NODE", _require_int("SLURM_NTASKS_PER_NODE")
+    # "4" or "4(x2)": 4 tasks on each node. "3,1" differs between nodes: no single count.
+    uniform = re.fullmatch(r"(\d+)(\(x\d+\))?", os.environ.get("SLURM_TASKS_PER_NODE", ""))
+    return "SLURM_TASKS_PER_NODE", int(uniform.group(1)) if uniform else None
 
 
 def describe(platform: Platform) -> str:
