@@ -74,3 +74,7 @@ def real_mnist(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("real-mnist")
     write_split(root, train=8000)
     return root
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "containers: builds the generated image and runs it (podman, dockerd); root")

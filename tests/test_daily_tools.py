@@ -82,6 +82,14 @@ def test_workflow_is_valid_and_uses_the_chosen_python(cookies, tmp_path):
     assert cpu_torch < project_install, "CPU torch must be installed first, or pip pulls the CUDA build"
     assert any("ruff check" in c for c in commands) and any(c.strip() == "pytest" for c in commands)
 
+    # The image job builds the project's own Dockerfile on a CPU base and trains inside the image.
+    image_job = yaml.safe_load(workflow.read_text())["jobs"]["image"]
+    image_steps = [step["run"] for step in image_job["steps"] if "run" in step]
+    built = next(c for c in image_steps if "docker build --build-arg BASE_IMAGE=cpu-base" in c)
+    image = built.split("--tag")[1].split()[0]
+    assert any(f"docker run --rm {image} python -m {project.name.replace('-', '_')}.cluster" in c for c in image_steps)
+    assert any(image in c and "python train.py fit --config configs/mnist.yaml" in c for c in image_steps)
+
     broken = tmp_path / "broken.yml"
     text = workflow.read_text()
     assert "runs-on:" in text

@@ -274,3 +274,19 @@ def test_checkpoints_load_without_running_code(tmp_path):
     assert not proof.exists()
     with pytest.raises(pickle.UnpicklingError):
         torch.load(tmp_path / "evil.ckpt", weights_only=True)
+
+
+def test_a_lost_peer_is_named_by_the_node_that_had_its_address():
+    from {{ cookiecutter.package_name }}.diagnostics import Placement, node_at
+
+    placement = [
+        Placement(node_rank=0, global_rank=0, host="test-0", addresses=("10.89.0.2",)),
+        Placement(node_rank=0, global_rank=1, host="test-0", addresses=("10.89.0.2",)),
+        Placement(node_rank=1, global_rank=2, host="test-1", addresses=("10.89.0.3",)),
+        Placement(node_rank=1, global_rank=3, host="test-1", addresses=("10.89.0.3",)),
+    ]
+    assert node_at("10.89.0.3", placement) == "node 1 (host test-1, global ranks 2, 3)"
+    assert node_at("10.89.0.9", placement) is None
+    # Nodes sharing one machine (tests on 127.0.0.1): the address names no single node.
+    shared = [Placement(rank // 2, rank, "host", ("127.0.1.1",)) for rank in range(4)]
+    assert node_at("127.0.1.1", shared) is None

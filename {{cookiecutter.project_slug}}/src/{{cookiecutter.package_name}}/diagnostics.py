@@ -3,13 +3,12 @@
 import logging
 import re
 import socket
+from dataclasses import dataclass
 from datetime import timedelta
 
-from lightning.fabric.plugins.environments import ClusterEnvironment
+import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.distributed import DistError
-
-from .cluster import NodeLevelEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +29,23 @@ class LogProcessPlacement(Callback):
 
 
 class ExplainDistributedFailure(Callback):
-    """When the job fails because a process is missing or lost, end the traceback with what happened."""
+    """When the job fails because a process is missing or lost, end the traceback with what happened.
+
+    Where every process runs (node, host name, addresses) is shared once the job has formed: after a
+    node is lost, its name may no longer resolve (a stopped pod or container leaves DNS), and the
+    error names only the address of the peer it lost.
+    """
 
     def __init__(self, timeout: timedelta) -> None:
         self.timeout = timeout
+        self.placement: list[Placement] = []
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        here = Placement(trainer.node_rank, trainer.global_rank, socket.gethostname(), own_addresses())
+        self.placement = [here] * trainer.world_size
+        dist.all_gather_object(self.placement, here)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         message = str(exception).lower()
@@ -44,10 +56,28 @@ class ExplainDistributedFailure(Callback):
         for process in getattr(trainer.strategy.launcher, "procs", []):
             process.kill()
             process.wait()
-        exception.add_note(explain(exception, trainer, self.timeout))
+        exception.add_note(explain(exception, trainer, self.timeout, self.placement))
 
 
-def explain(exception: BaseException, trainer: Trainer, timeout: timedelta) -> str:
+@dataclass(frozen=True)
+class Placement:
+    """Where one process of the job runs."""
+
+    node_rank: int
+    global_rank: int
+    host: str
+    addresses: tuple[str, ...]
+
+
+def own_addresses() -> tuple[str, ...]:
+    """The addresses this machine's host name resolves to: the ones its peers connect to."""
+    try:
+        return tuple(sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}))
+    except socket.gaierror:
+        return ()
+
+
+def explain(exception: BaseException, trainer: Trainer, timeout: timedelta, placement: list[Placement]) -> str:
     """One line for the end of the log: which processes or nodes are missing, and where they were awaited."""
     environment = getattr(trainer.strategy, "cluster_environment", None)
     main = f"{environment.main_address}:{environment.main_port}" if environment else "the main node"
@@ -64,24 +94,19 @@ def explain(exception: BaseException, trainer: Trainer, timeout: timedelta) -> s
     if isinstance(exception, DistError) and trainer.global_rank != 0 and "connect" in str(exception).lower():
         return f"error: could not reach the main node at {main} within {timeout}; is node 0 running?"
     peer = re.search(r"peer \[([^\]]+)\]", str(exception))
-    lost = (peer and node_at(peer.group(1), environment)) or "another node"
+    lost = (peer and node_at(peer.group(1), placement)) or "another node"
     return (
         f"error: node {trainer.node_rank} (global rank {trainer.global_rank}) lost contact with the other processes"
         f" of the job ({type(exception).__name__}); {lost} probably died or was stopped: see its log."
     )
 
 
-def node_at(address: str, environment: ClusterEnvironment | None) -> str | None:
-    """The node whose documented host name resolves to `address`, when exactly one does."""
-    if not isinstance(environment, NodeLevelEnvironment):
+def node_at(address: str, placement: list[Placement]) -> str | None:
+    """The node whose processes ran at `address`, when exactly one did (not when nodes share a host)."""
+    nodes = {process.node_rank for process in placement if address in process.addresses}
+    if len(nodes) != 1:
         return None
-    matches = []
-    for rank in range(environment.num_nodes):
-        host = environment.host(rank)
-        try:
-            addresses = {info[4][0] for info in socket.getaddrinfo(host, None)} if host else set()
-        except socket.gaierror:
-            continue
-        if address in addresses:
-            matches.append(f"node {rank} ({host})")
-    return matches[0] if len(matches) == 1 else None
+    (node,) = nodes
+    processes = [process for process in placement if process.node_rank == node]
+    ranks = ", ".join(str(process.global_rank) for process in processes)
+    return f"node {node} (host {processes[0].host}, global ranks {ranks})"
