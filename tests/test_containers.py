@@ -97,7 +97,9 @@ def mnist(real_mnist, tmp_path_factory) -> Path:
 def start_node(containers: Containers, image: str, platform: str, rank: int, network: str, runs: Path,
                data: Path, *extra: str) -> str:  # fmt: skip
     """One node as its platform starts it: its own container, its variables, the image's own command."""
-    command = [*image_command(image), *quick_cpu_run(DATA, RUNS), "--trainer.devices", str(PROCESSES_PER_NODE), *extra]
+    # A job that cannot form fails in a minute rather than the default five.
+    cpu = [*quick_cpu_run(DATA, RUNS), "--trainer.devices", str(PROCESSES_PER_NODE), "--cluster.timeout", "0:01:00"]
+    command = [*image_command(image), *cpu, *extra]
     return containers.run(
         f"{platform.lower()}-{rank}", image, command,
         network=network, hostname=f"test-{rank}", aliases=[host(rank)], env=PLATFORM_VARIABLES[platform](rank),
@@ -223,7 +225,7 @@ def cpu_stack(compose_file: Path, image: str, data: Path) -> dict:
     return stack
 
 
-def wait_for_stack(swarm: DockerSwarm, stack: str, timeout: float = 300) -> None:
+def wait_for_stack(swarm: DockerSwarm, stack: str, timeout: float = 180) -> None:
     """Until every task of the stack has completed; a failed task fails the test with the services' logs."""
     deadline = time.monotonic() + timeout
     while True:
