@@ -74,6 +74,21 @@ def group_is_gone(process: subprocess.Popen) -> bool:
     return all(state.startswith("Z") for state in states.split())
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process started under it, as /proc shows them now."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # the parent id is the second field after the command name, which may hold spaces
+            children.setdefault(int(stat.read_text().rpartition(")")[2].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+    tree, queue = [], [pid]
+    while queue:
+        tree.append(queue.pop())
+        queue.extend(children.get(tree[-1], []))
+    return tree
+
+
 def last_words(log: Path) -> str:
     """The last line a node printed before wandb's closing lines, without torch's rank prefix."""
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in log.read_text().strip().splitlines()]
@@ -128,6 +143,22 @@ def test_sigterm_mid_epoch_saves_a_resumable_checkpoint_and_exits_143(mnist_dir,
     assert "preempted.ckpt" in restarted.stdout + restarted.stderr
     assert load(checkpoints / "last.ckpt")["global_step"] == 2 * TWO_PROCESS_STEPS_PER_EPOCH
     assert not (checkpoints / "preempted.ckpt").exists()
+
+
+def test_sigterm_to_every_process_of_the_job_still_saves_a_checkpoint(mnist_dir, tmp_path):
+    # Slurm signals every process of a task, wandb's service process among them, which then ends;
+    # the run logs every step here, so a wandb call comes between the signal and the stop.
+    run_dir, marker, log = tmp_path / "run", tmp_path / "step-3", tmp_path / "train.log"
+    args = ["fit", *full_epochs_args(mnist_dir, run_dir), "--trainer.devices", "2",
+            "--trainer.log_every_n_steps", "1", *paced(marker, at_step=3)]  # fmt: skip
+    job = start(args, clean_env(), log)
+    wait_for(marker, job, log)
+    tree = process_tree(job.pid)
+    assert any(Path(f"/proc/{pid}/comm").read_text().strip() == "wandb-core" for pid in tree)
+    for pid in tree:  # as Slurm does: wandb's service runs in a session of its own, out of the job's group
+        os.kill(pid, signal.SIGTERM)
+    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
+    assert load(run_dir / "checkpoints" / "preempted.ckpt")["global_step"] > 3
 
 
 def test_sigterm_during_the_sanity_check_stops_every_process_at_the_same_step(mnist_dir, tmp_path):
@@ -285,8 +316,9 @@ def test_a_lost_peer_is_named_by_the_node_that_had_its_address():
         Placement(node_rank=1, global_rank=2, host="test-1", addresses=("10.89.0.3",)),
         Placement(node_rank=1, global_rank=3, host="test-1", addresses=("10.89.0.3",)),
     ]
-    assert node_at("10.89.0.3", placement) == "node 1 (host test-1, global ranks 2, 3)"
-    assert node_at("10.89.0.9", placement) is None
+    assert node_at("10.89.0.3", placement, own_rank=0) == "node 1 (host test-1, global ranks 2, 3)"
+    assert node_at("10.89.0.2", placement, own_rank=0) == "node 0 (host test-0, global ranks 1)"  # its neighbour
+    assert node_at("10.89.0.9", placement, own_rank=0) is None
     # Nodes sharing one machine (tests on 127.0.0.1): the address names no single node.
     shared = [Placement(rank // 2, rank, "host", ("127.0.1.1",)) for rank in range(4)]
-    assert node_at("127.0.1.1", shared) is None
+    assert node_at("127.0.1.1", shared, own_rank=0) is None

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
@@ -102,6 +103,9 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
             self._signalled = True
             if trainer.strategy.launcher is not None:  # pass it on to the processes Lightning started
                 trainer.strategy.launcher.kill(signum)
+            # Slurm signals every process of a task, wandb's service too, which then ends; a later
+            # wandb call would fail the run before it stops and saves. It logs nothing more.
+            trainer.loggers = [logger for logger in trainer.loggers if not isinstance(logger, WandbLogger)]
 
         signal.signal(signal.SIGTERM, flag)
         # Lightning also broadcasts its handler's flag from rank 0 before every training step and

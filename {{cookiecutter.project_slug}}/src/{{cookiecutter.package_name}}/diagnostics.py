@@ -94,19 +94,17 @@ def explain(exception: BaseException, trainer: Trainer, timeout: timedelta, plac
     if isinstance(exception, DistError) and trainer.global_rank != 0 and "connect" in str(exception).lower():
         return f"error: could not reach the main node at {main} within {timeout}; is node 0 running?"
     peer = re.search(r"peer \[([^\]]+)\]", str(exception))
-    lost = (peer and node_at(peer.group(1), placement)) or "another node"
+    lost = (peer and node_at(peer.group(1), placement, trainer.global_rank)) or "another node"
     return (
         f"error: node {trainer.node_rank} (global rank {trainer.global_rank}) lost contact with the other processes"
         f" of the job ({type(exception).__name__}); {lost} probably died or was stopped: see its log."
     )
 
 
-def node_at(address: str, placement: list[Placement]) -> str | None:
-    """The node whose processes ran at `address`, when exactly one did (not when nodes share a host)."""
-    nodes = {process.node_rank for process in placement if address in process.addresses}
-    if len(nodes) != 1:
+def node_at(address: str, placement: list[Placement], own_rank: int) -> str | None:
+    """The node whose processes (other than this one) ran at `address`, when they were all on one node."""
+    others = [process for process in placement if address in process.addresses and process.global_rank != own_rank]
+    if len({process.node_rank for process in others}) != 1:
         return None
-    (node,) = nodes
-    processes = [process for process in placement if process.node_rank == node]
-    ranks = ", ".join(str(process.global_rank) for process in processes)
-    return f"node {node} (host {processes[0].host}, global ranks {ranks})"
+    ranks = ", ".join(str(process.global_rank) for process in others)
+    return f"node {others[0].node_rank} (host {others[0].host}, global ranks {ranks})"
