@@ -75,7 +75,8 @@ def test_val_fraction_must_leave_both_parts(fraction):
 
 def on_device(data: MNISTDataModule, device: str) -> MNISTDataModule:
     """`data` as a Trainer training on `device` would see it (the meta device stands in for a GPU)."""
-    data.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)), world_size=1, global_rank=0)
+    strategy = SimpleNamespace(root_device=torch.device(device))
+    data.trainer = SimpleNamespace(strategy=strategy, world_size=1, global_rank=0)
     return data
 
 
