@@ -17,7 +17,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, LightningDataModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, DeviceStatsMonitor, LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
@@ -33,7 +33,6 @@ from .cluster import (
     detect_platform,
     platform_of,
 )
-from .data import MNISTDataModule
 from .diagnostics import ExplainDistributedFailure, LogProcessPlacement
 from .errors import ConfigError
 from .model import MNISTClassifier
@@ -254,7 +253,14 @@ def _show_info_logs() -> None:
 def main(args: list[str] | None = None) -> None:
     _show_info_logs()
     try:
-        ProjectCLI(MNISTClassifier, MNISTDataModule, save_config_callback=SaveRunRecord, args=args)
+        # The data module is chosen in the config (`data: class_path: ...`): in memory or streamed.
+        ProjectCLI(
+            MNISTClassifier,
+            LightningDataModule,
+            subclass_mode_data=True,
+            save_config_callback=SaveRunRecord,
+            args=args,
+        )
     except ConfigError as error:
         # Under torchrun and Slurm every process of a node finds the same error: the first one says it.
         if os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":

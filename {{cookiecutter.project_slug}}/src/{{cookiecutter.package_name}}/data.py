@@ -7,8 +7,7 @@ where that work is cheapest. With `on_device: true` the tensors live on the GPU 
 cut there, so nothing is copied per step.
 
 To use your own data, replace `_load_split` (and the constants below) and keep the rest. Data
-too big for memory needs a `Dataset` that reads files (with the DataLoader's default `collate_fn`,
-in `_loader`) and `num_workers` above 0.
+too big for memory streams from chunks instead: streaming.py.
 """
 
 import os
@@ -44,6 +43,12 @@ class InMemoryDataset(TensorDataset):
             # From pinned memory the copy need not wait for the GPU to finish the work queued before it.
             index = index.pin_memory().to(self.tensors[0].device, non_blocking=True)
         return tuple(tensor[index] for tensor in self.tensors)
+
+
+def normalised(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """uint8 images as normalised floats, done where the batch is (after it reaches the device)."""
+    images, labels = batch
+    return images.float().div_(255).sub_(MEAN).div_(STD), labels
 
 
 def already_batched(batch: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
@@ -130,9 +135,7 @@ class MNISTDataModule(LightningDataModule):
         return self._loader(self.test_set)
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
-        images, labels = batch
-        images = images.float().div_(255).sub_(MEAN).div_(STD)
-        return images, labels
+        return normalised(batch)
 
     def _load_split(self, train: bool) -> tuple[Tensor, Tensor]:
         """Images as uint8 (N, 1, 28, 28) and labels as int64 (N,)."""

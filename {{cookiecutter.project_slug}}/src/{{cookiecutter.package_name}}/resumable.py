@@ -15,13 +15,10 @@ from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, DistributedSampler
 
 
-def training_position(trainer: Trainer, epoch: int) -> dict[str, int]:
-    """The epoch training is in and how many of its batches it has trained on; after an epoch's
-    last batch, the start of the next one."""
+def batches_trained(trainer: Trainer) -> int | None:
+    """How many batches of the current epoch training has finished; None once it has finished them all."""
     trained = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-    if trained >= trainer.num_training_batches:
-        return {"epoch": epoch + 1, "batches": 0}
-    return {"epoch": epoch, "batches": trained}
+    return None if trained >= trainer.num_training_batches else trained
 
 
 class ResumableSampler(DistributedSampler):
@@ -63,7 +60,9 @@ class ResumableDataLoader(DataLoader):
         yield from super().__iter__()
 
     def state_dict(self) -> dict[str, int]:
-        return training_position(self.trainer, getattr(self.sampler, "epoch", 0))
+        epoch, trained = getattr(self.sampler, "epoch", 0), batches_trained(self.trainer)
+        # After an epoch's last batch, the next run starts the next epoch.
+        return {"epoch": epoch + 1, "batches": 0} if trained is None else {"epoch": epoch, "batches": trained}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         # `trainer.overfit_batches` swaps in a plain sequential sampler: nothing to resume then.

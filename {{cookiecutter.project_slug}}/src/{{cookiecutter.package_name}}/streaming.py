@@ -1,0 +1,148 @@
+"""MNIST streamed from litdata chunks: the data path for datasets bigger than memory.
+
+    python -m {{ cookiecutter.package_name }}.chunks --data-dir data --out data/mnist-chunks   # once
+    python train.py fit --config configs/mnist.yaml --config configs/data/streaming.yaml
+
+The chunks may lie in a local folder, on a shared file system or in an object store
+(`s3://...`, `gs://...`; litdata caches what it reads). Every process reads its own share of
+them and every loader worker a share of that, so each sample is seen once per epoch; the
+workers decode the images, and the batches become normalised floats on the device (data.py).
+The training loader resumes mid-epoch, like the in-memory one (resumable.py).
+"""
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule, Trainer
+from litdata import StreamingDataLoader, StreamingDataset
+from torch import Tensor
+from torchvision.io import decode_png
+
+from .data import normalised
+from .errors import ConfigError
+from .resumable import batches_trained
+
+# litdata gives every loader worker its own share of the samples, so the length it reports is exact.
+warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
+
+
+class EncodedDigits(StreamingDataset):
+    """The samples chunks.py wrote, decoded: a uint8 image (1, 28, 28) and its label."""
+
+    def __getitem__(self, index: Any) -> tuple[Tensor, int]:
+        sample = super().__getitem__(index)
+        return decode_png(torch.frombuffer(bytearray(sample["image"]), dtype=torch.uint8)), sample["label"]
+
+
+class ResumableStreamingDataLoader(StreamingDataLoader):
+    """litdata's loader, whose own state Lightning keeps in checkpoints, with two additions.
+
+    A new epoch takes its number from the Trainer when its first batch is asked for, so that a
+    run resumed at an epoch's end shuffles as the uninterrupted one would; litdata would count
+    its epochs from 1 in every run. After an epoch's last batch there is nothing to resume.
+    """
+
+    def __init__(self, *args: Any, trainer: Trainer | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.trainer = trainer
+
+    def __iter__(self) -> Any:
+        if not self.restore and self.trainer is not None:  # a new epoch, not the rest of a resumed one
+            self.current_epoch = self.trainer.current_epoch  # litdata adds one as the epoch starts
+        yield from super().__iter__()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if batches_trained(self.trainer) is None else super().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            super().load_state_dict(state)
+
+
+def check_chunks(folder: str) -> None:
+    """Refuse a local chunk folder that is missing, empty or damaged, naming it (remote ones litdata checks)."""
+    if "://" in folder:
+        return
+    path = Path(folder).resolve()
+    convert = "write it with: python -m {{ cookiecutter.package_name }}.chunks"
+    if not path.is_dir():
+        raise ConfigError(f"chunk folder {path} does not exist; {convert}")
+    try:
+        index = json.loads((path / "index.json").read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"chunk folder {path} has no index.json (empty or not written to the end); {convert}") from None
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"chunk folder {path}: index.json is damaged ({error}); {convert}") from None
+    for chunk in index.get("chunks", []):
+        file = path / chunk["filename"]
+        size = file.stat().st_size if file.is_file() else None
+        if size != chunk["chunk_bytes"]:
+            found = "missing" if size is None else f"{size} bytes instead of {chunk['chunk_bytes']}"
+            raise ConfigError(f"chunk folder {path}: {chunk['filename']} is {found}; {convert}")
+
+
+class StreamingMNISTDataModule(LightningDataModule):
+    """MNIST train/val/test from the chunk folders chunks.py writes.
+
+    Args:
+        input_dir: the folder or URL holding `train/`, `val/` and `test/`.
+        batch_size: images per batch on each process.
+        num_workers: loader worker processes per training process; they read and decode.
+        max_cache_size: how much of a remote dataset litdata keeps on local disk.
+    """
+
+    def __init__(
+        self, input_dir: str = "data/mnist-chunks", batch_size: int = 128, num_workers: int = 2,
+        max_cache_size: str = "10GB",
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.save_hyperparameters()
+        self.input_dir = input_dir.rstrip("/")
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.max_cache_size = max_cache_size
+
+    def setup(self, stage: str) -> None:
+        splits = ("train", "val") if stage == "fit" else ("val",) if stage == "validate" else ("test",)
+        for split in splits:
+            check_chunks(f"{self.input_dir}/{split}")
+        # The order's seed is seed_everything's, as in data.py.
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        if "train" in splits:
+            self.train_set = self._dataset("train", shuffle=True, seed=seed)
+        if "val" in splits:
+            self.val_set = self._dataset("val", drop_last=False)
+        if "test" in splits:
+            self.test_set = self._dataset("test", drop_last=False)
+
+    def train_dataloader(self) -> StreamingDataLoader:
+        return ResumableStreamingDataLoader(self.train_set, trainer=self.trainer, **self._loader_options())
+
+    def val_dataloader(self) -> StreamingDataLoader:
+        return StreamingDataLoader(self.val_set, **self._loader_options())
+
+    def test_dataloader(self) -> StreamingDataLoader:
+        return StreamingDataLoader(self.test_set, **self._loader_options())
+
+    def predict_dataloader(self) -> StreamingDataLoader:
+        return self.test_dataloader()
+
+    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
+        return normalised(batch)
+
+    def _dataset(self, split: str, **options: Any) -> EncodedDigits:
+        return EncodedDigits(f"{self.input_dir}/{split}", max_cache_size=self.max_cache_size, **options)
+
+    def _loader_options(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "num_workers": self.num_workers,
+            "persistent_workers": self.num_workers > 0,
+            "pin_memory": self.trainer is not None and self.trainer.strategy.root_device.type == "cuda",
+            # Worker seeds from a generator of its own: torch's global one is the model's (data.py).
+            "generator": torch.Generator(),
+        }
