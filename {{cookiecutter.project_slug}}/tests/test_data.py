@@ -1,11 +1,7 @@
-import hashlib
-import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader
 from torchvision.datasets import MNIST
 
@@ -13,6 +9,7 @@ from {{ cookiecutter.package_name }}.data import MEAN, STD, InMemoryDataset, MNI
 from {{ cookiecutter.package_name }}.errors import ConfigError
 
 from .conftest import quick_run_args, run_train
+from .training_samples import recorded, sample_ids, training_images
 
 
 def test_train_and_val_split_the_training_files(mnist_dir):
@@ -134,43 +131,21 @@ def test_on_device_refuses_workers():
         MNISTDataModule(on_device=True, num_workers=2)
 
 
-def image_digests(images: torch.Tensor) -> list[str]:
-    return [hashlib.sha256(image.cpu().numpy().tobytes()).hexdigest() for image in images]
-
-
-class RecordTrainingImages(Callback):
-    """Test-only: each process writes which images it trained on in each epoch, in order."""
-
-    def __init__(self, out_dir: str) -> None:
-        self.out_dir = Path(out_dir)
-        self.seen: dict[int, list[str]] = {}
-
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
-        self.seen.setdefault(trainer.current_epoch, []).extend(image_digests(batch[0]))
-
-    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
-
-
 def test_each_process_trains_on_its_own_shard_reshuffled_every_epoch(mnist_dir, tmp_path):
     result = run_train(
         "fit", *quick_run_args(mnist_dir, tmp_path / "run"),
         "--trainer.devices", "2", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "1.0",
         "--data.on_device", "true",
-        "--trainer.callbacks+=tests.test_data.RecordTrainingImages",
+        "--trainer.callbacks+=tests.training_samples.RecordTrainingSamples",
         "--trainer.callbacks.out_dir", str(tmp_path / "seen"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / "seen" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    ranks = [recorded(tmp_path / "seen", rank) for rank in (0, 1)]
 
-    data = MNISTDataModule(data_dir=str(mnist_dir), download=False)
-    data.setup("fit")
-    normalised, _ = data.on_after_batch_transfer(data.train_set.tensors, dataloader_idx=0)
-    every_image = sorted(image_digests(normalised))
-    for epoch in ("0", "1"):
+    every_image = sorted(sample_ids(training_images(mnist_dir)))
+    for epoch in (0, 1):
         first, second = ranks[0][epoch], ranks[1][epoch]
         assert len(first) == len(second) == len(every_image) // 2
         assert sorted(first + second) == every_image  # disjoint shards that cover the training set
     for seen in ranks:
-        assert seen["0"] != seen["1"], "the same order in two epochs: the sampler was not reshuffled"
+        assert seen[0] != seen[1], "the same order in two epochs: the sampler was not reshuffled"

@@ -14,7 +14,8 @@ import pytest
 import torch
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 
-from .conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, quick_run_args, run_train
+from .conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, quick_run_args, run_train, streaming_run_args
+from .training_samples import recorded
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +25,11 @@ TWO_PROCESS_STEPS_PER_EPOCH = STEPS_PER_EPOCH // 2  # each process takes half of
 
 def full_epochs_args(data_dir: Path, run_dir: Path, epochs: int = 2) -> list[str]:
     """Whole epochs (not a few batches), so that an interruption can land mid-epoch."""
-    return [
-        *quick_run_args(data_dir, run_dir),
-        "--trainer.max_epochs", str(epochs),
-        "--trainer.limit_train_batches", "1.0",
-    ]  # fmt: skip
+    return [*quick_run_args(data_dir, run_dir), *whole_epochs(epochs)]
+
+
+def whole_epochs(epochs: int = 2) -> list[str]:
+    return ["--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches", "1.0"]
 
 
 def paced(marker: Path, at_step: int) -> list[str]:
@@ -191,6 +192,49 @@ def test_restart_resumes_exactly_and_continues_the_same_wandb_run(mnist_dir, tmp
     run_id = (tmp_path / "b" / "checkpoints" / "wandb-run-id").read_text()
     offline_runs = sorted(path.name for path in (tmp_path / "b" / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 2 and all(name.endswith(f"-{run_id}") for name in offline_runs)
+
+
+@pytest.mark.parametrize(
+    ("data", "devices"),
+    [("in memory", 1), ("in memory", 2), ("streamed", 1), ("streamed", 2)],
+    ids=["in-memory-1-process", "in-memory-2-processes", "streamed-1-process", "streamed-2-processes"],
+)
+def test_a_mid_epoch_resume_trains_on_exactly_the_rest_of_the_epoch(data, devices, mnist_dir, mnist_chunks, tmp_path):
+    """SIGTERM mid-epoch, then the same command: the same samples in the same order, and the same weights."""
+
+    def args(run: str, *extra: str) -> list[str]:
+        if data == "in memory":
+            run_args = quick_run_args(mnist_dir, tmp_path / run)
+        else:
+            run_args = streaming_run_args(mnist_chunks, tmp_path / run)
+        return ["fit", *run_args, *whole_epochs(2), "--trainer.devices", str(devices), "--data.num_workers", "2",
+                "--trainer.callbacks+=tests.training_samples.RecordTrainingSamples",
+                "--trainer.callbacks.out_dir", str(tmp_path / run / "samples"), *extra]  # fmt: skip
+
+    uninterrupted = run_train(*args("uninterrupted"))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
+
+    marker, log = tmp_path / "step-4", tmp_path / "interrupted.log"
+    job = start(args("resumed", *paced(marker, at_step=4)), clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
+    steps_per_epoch = len(recorded(tmp_path / "uninterrupted" / "samples", 0)[0]) // (32 if data == "in memory" else 16)
+    stopped_at = load(tmp_path / "resumed" / "checkpoints" / "preempted.ckpt")["global_step"]
+    assert stopped_at % steps_per_epoch, "the interruption must land mid-epoch"
+
+    resumed = run_train(*args("resumed"))
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output[-4000:]
+    assert "preempted.ckpt" in output and "not resumable" not in output
+
+    for rank in range(devices):
+        expected, actual = (recorded(tmp_path / run / "samples", rank) for run in ("uninterrupted", "resumed"))
+        assert actual == expected, f"rank {rank} trained on other samples, or in another order, after resuming"
+    expected, actual = (load(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("uninterrupted", "resumed"))
+    assert actual["global_step"] == expected["global_step"] == 2 * steps_per_epoch
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(tensor, actual["state_dict"][name]), f"{name} differs after resuming"
 
 
 def start_pod_nodes(args: list[str], port: int, nodes: range, tmp_path: Path) -> list[subprocess.Popen]:

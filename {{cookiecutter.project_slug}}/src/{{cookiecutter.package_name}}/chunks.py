@@ -20,15 +20,13 @@ from torchvision.io import encode_png
 from .data import MNISTDataModule
 from .errors import ConfigError
 
-SPLITS = ("train", "val", "test")
-
 
 def load_splits(data_dir: str, val_fraction: float, split_seed: int) -> dict[str, tuple[Tensor, Tensor]]:
     """Images (N, 1, 28, 28) uint8 and labels (N,) of each split, as the in-memory path splits them."""
     data = MNISTDataModule(data_dir=data_dir, download=False, val_fraction=val_fraction, split_seed=split_seed)
     data.setup("fit")
     data.setup("test")
-    return {name: dataset.tensors for name, dataset in zip(SPLITS, (data.train_set, data.val_set, data.test_set))}
+    return {"train": data.train_set.tensors, "val": data.val_set.tensors, "test": data.test_set.tensors}
 
 
 class EncodedSamples:

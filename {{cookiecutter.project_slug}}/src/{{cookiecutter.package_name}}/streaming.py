@@ -74,7 +74,7 @@ def check_chunks(folder: str) -> None:
     try:
         index = json.loads((path / "index.json").read_text())
     except FileNotFoundError:
-        raise ConfigError(f"chunk folder {path} has no index.json (empty or not written to the end); {convert}") from None
+        raise ConfigError(f"chunk folder {path} has no index.json (empty or unfinished); {convert}") from None
     except json.JSONDecodeError as error:
         raise ConfigError(f"chunk folder {path}: index.json is damaged ({error}); {convert}") from None
     for chunk in index.get("chunks", []):

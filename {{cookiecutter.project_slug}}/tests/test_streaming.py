@@ -1,0 +1,77 @@
+"""The streaming data path: chunks written by chunks.py, read by streaming.py, shared out over processes and workers."""
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.streaming import StreamingMNISTDataModule, check_chunks
+
+from .conftest import run_train, streaming_run_args
+from .training_samples import recorded, sample_ids, training_images
+
+
+def test_chunks_hold_the_same_splits_as_the_in_memory_path(mnist_dir, mnist_chunks):
+    data = StreamingMNISTDataModule(input_dir=str(mnist_chunks), batch_size=64, num_workers=0)
+    data.setup("fit")
+    assert (len(data.train_set), len(data.val_set)) == (576, 64)
+    streamed = []
+    for batch in data.train_dataloader():
+        images, _ = batch
+        assert images.dtype == torch.uint8 and images.shape[1:] == (1, 28, 28)  # decoded in the workers
+        streamed += sample_ids(data.on_after_batch_transfer(batch, dataloader_idx=0)[0])
+    assert sorted(streamed) == sorted(sample_ids(training_images(mnist_dir)))  # same pixels, PNG round trip
+    data.setup("test")
+    assert len(data.test_set) == 160
+
+
+@pytest.mark.slow
+def test_one_epoch_on_2_processes_x_2_workers_trains_on_every_sample_once(mnist_dir, mnist_chunks, tmp_path):
+    result = run_train(
+        "fit", *streaming_run_args(mnist_chunks, tmp_path / "run"),
+        "--trainer.devices", "2", "--data.num_workers", "2", "--trainer.limit_train_batches", "1.0",
+        "--trainer.callbacks+=tests.training_samples.RecordTrainingSamples",
+        "--trainer.callbacks.out_dir", str(tmp_path / "seen"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = [recorded(tmp_path / "seen", rank)[0] for rank in (0, 1)]
+    assert len(seen[0]) == len(seen[1])  # the same number of steps on every process
+    counts = Counter(seen[0] + seen[1])
+    assert set(counts.values()) == {1}, f"{sum(count > 1 for count in counts.values())} samples seen twice or more"
+    assert sorted(counts) == sorted(sample_ids(training_images(mnist_dir))), "samples missing"
+
+
+def damage(chunks, case: str):
+    """A copy of the chunk folders with the train folder missing, empty or damaged; the train folder."""
+    train = chunks / "train"
+    if case == "missing":
+        train.rename(chunks / "elsewhere")
+    elif case == "empty":
+        for path in train.iterdir():
+            path.unlink()
+    elif case == "damaged index":
+        (train / "index.json").write_text('{"chunks": [')
+    else:  # a chunk cut short, as by a copy that did not finish
+        chunk = train / json.loads((train / "index.json").read_text())["chunks"][0]["filename"]
+        chunk.write_bytes(chunk.read_bytes()[:100])
+    return train
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "damaged index", "truncated chunk"])
+def test_a_broken_chunk_folder_is_named_in_one_line(mnist_chunks, tmp_path, case):
+    chunks = tmp_path / "chunks"
+    for split in ("train", "val", "test"):
+        (chunks / split).mkdir(parents=True)
+        for path in (mnist_chunks / split).iterdir():
+            (chunks / split / path.name).write_bytes(path.read_bytes())
+    train = damage(chunks, case)
+    with pytest.raises(ConfigError, match=str(train)):
+        check_chunks(str(train))
+
+    result = run_train("fit", *streaming_run_args(chunks, tmp_path / "run"))
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and str(train) in errors[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
