@@ -14,7 +14,8 @@ repeats, so that drifting machine load touches every case alike:
 - start-up: process start to first optimizer step, and the floor of importing torch, torchvision
   and lightning in a fresh process, also with the garbage collector paused meanwhile, as the
   template's train.py imports them;
-- the DataModule's training loader alone (`loader.py`).
+- the DataModule's training loader alone (`loader.py`), in memory and streamed from chunks with
+  0, 2 and 4 loader workers.
 
 Two things are held the same for every process, because they move throughput more than anything
 the template does:
@@ -53,7 +54,15 @@ TEMPLATE = BENCH.parent
 IMPORT_FLOOR = "import torch, torchvision, lightning"
 # The same imports as the template's train.py does them: no garbage collection until they are done.
 IMPORT_FLOOR_COLLECTOR_PAUSED = f"import gc; gc.disable(); {IMPORT_FLOOR}; gc.freeze(); gc.enable()"
-TARGETS = {"template_vs_reference": 0.95, "loader_vs_training": 5.0, "startup_over_floor_s": 2.0}
+TARGETS = {
+    "template_vs_reference": 0.95,
+    "loader_vs_training": 5.0,
+    "streaming_vs_training": 5.0,
+    "startup_over_floor_s": 2.0,
+}
+# Loader workers the streamed data path is measured with; the target is judged at the streaming config's own.
+STREAMING_WORKERS = (0, 2, 4)
+STREAMING_DEFAULT_WORKERS = 2
 REUSE_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
 # On a GPU the template's 1-process run is repeated with each of these overrides of the default config.
 GPU_VARIANTS = {
@@ -216,15 +225,29 @@ class Runner:
                 raise RuntimeError(f"{name} exited {returncode}; the end of {log}:\n{log.read_text()[-3000:]}")
         return self._result(json.loads(out.read_text()), started)
 
-    def loader(self, name: str) -> dict:
+    def loader(self, name: str, streaming_workers: int | None = None) -> dict:
+        """The training loader alone: in memory, or streamed from chunks with this many workers."""
         out = self.work / f"{name}.json"
+        if streaming_workers is None:
+            source = ["--data-dir", str(self.data_dir)]
+        else:
+            source = ["--chunks", str(self.chunks()), "--workers", str(streaming_workers)]
         command = [
             sys.executable, str(BENCH / "loader.py"), "--package", self.args.package,
-            "--config", "configs/mnist.yaml", "--data-dir", str(self.data_dir),
+            "--config", "configs/mnist.yaml", *source,
             "--out", str(out), "--seconds", str(self.args.loader_seconds), *self._batch_size_option("--batch-size"),
         ]  # fmt: skip
         self._run(name, command, self.env)
         return json.loads(out.read_text())
+
+    def chunks(self) -> Path:
+        """The measured data as chunks, written once by the project's own command."""
+        chunks = self.args.out / "chunks"
+        if not (chunks / "train" / "index.json").exists():
+            command = [sys.executable, "-m", f"{self.args.package}.chunks", "--data-dir", str(self.data_dir),
+                       "--out", str(chunks)]  # fmt: skip
+            self._run("chunks", command, self.env)
+        return chunks
 
     def _env(self, case: Case) -> dict[str, str]:
         return self.glibc_default_env if case.glibc_malloc_defaults else self.env
@@ -283,6 +306,7 @@ def measure(args: argparse.Namespace, runner: Runner, measured: list[Case], prec
     """Every measurement `args.repeats` times, and `args.separate_repeats` pairs in separate processes, in rounds."""
     floors = {"import_floor_s": IMPORT_FLOOR, "import_floor_collector_paused_s": IMPORT_FLOOR_COLLECTOR_PAUSED}
     samples: dict[str, list] = {**{floor: [] for floor in floors}, "loader": []}
+    samples.update({f"streaming loader: {workers} workers": [] for workers in STREAMING_WORKERS})
     variants = GPU_VARIANTS if runner.accelerator == "gpu" else {}
     rounds = max(args.repeats, args.separate_repeats)
     for repeat in range(rounds):
@@ -303,10 +327,22 @@ def measure(args: argparse.Namespace, runner: Runner, measured: list[Case], prec
                     samples.setdefault(f"{side}: {case.name}", []).append(run)
         if taking_turns:
             samples["loader"].append(runner.loader(f"loader-{repeat}"))
+            for workers in STREAMING_WORKERS:
+                run = runner.loader(f"streaming-loader-{workers}-{repeat}", streaming_workers=workers)
+                samples[f"streaming loader: {workers} workers"].append(run)
             for number, (variant, overrides) in enumerate(variants.items()):
                 run = runner.template(f"template-gpu-{number}-{repeat}", Case(variant, 1), overrides)
                 samples.setdefault(f"template: 1 process, {variant}", []).append(run)
     return samples
+
+
+def streaming_figures(images_per_s: float, in_memory: float, training: float) -> dict:
+    """The streamed loader's images/s, against the in-memory loader's and against what training consumes."""
+    return {
+        "images_per_s": images_per_s,
+        "vs_in_memory": images_per_s / in_memory,
+        "vs_training": images_per_s / training,
+    }
 
 
 def comparison(templates: list[dict], references: list[dict], images_per_step: int) -> dict:
@@ -391,6 +427,12 @@ def summarise(
             "loader_images_per_s": loader,
             "training_images_per_s": training,
             "loader_vs_training": loader / training,
+            "streaming": {
+                f"{workers} workers": streaming_figures(
+                    median_of(samples[f"streaming loader: {workers} workers"], "images_per_s"), loader, training
+                )
+                for workers in STREAMING_WORKERS
+            },
         },
     }
     if "2 processes (DDP)" in throughput:
@@ -415,6 +457,8 @@ def summarise(
             if case["counts_for_target"]
         ),
         "loader_vs_training": results["loader"]["loader_vs_training"] >= TARGETS["loader_vs_training"],
+        "streaming_vs_training": results["loader"]["streaming"][f"{STREAMING_DEFAULT_WORKERS} workers"]["vs_training"]
+        >= TARGETS["streaming_vs_training"],
         "startup_over_floor_s": results["startup"]["template_over_floor_s"] <= TARGETS["startup_over_floor_s"],
     }
     results["samples"] = samples
@@ -473,6 +517,11 @@ def table(results: dict, args: argparse.Namespace) -> str:
             f"train loader alone: {loader['loader_images_per_s']:.0f} images/s, {loader['loader_vs_training']:.0f}x"
             f" what training consumes ({loader['training_images_per_s']:.0f} images/s)"
         ),
+        *(
+            f"  streamed from chunks, {workers}: {figures['images_per_s']:.0f} images/s,"
+            f" {figures['vs_training']:.0f}x training, {figures['vs_in_memory']:.2f}x in memory"
+            for workers, figures in loader["streaming"].items()
+        ),
     ]
     for variant, images_per_s in results.get("gpu_images_per_s", {}).items():
         lines.append(f"GPU, 1 process, {variant}: {images_per_s:.0f} images/s")
@@ -481,7 +530,8 @@ def table(results: dict, args: argparse.Namespace) -> str:
         (
             f"targets: template/reference >= {targets['template_vs_reference']} taking turns"
             " (every row but a glibc-defaults one),"
-            f" loader >= {targets['loader_vs_training']:g}x training,"
+            f" loader >= {targets['loader_vs_training']:g}x training (in memory; streamed with"
+            f" {STREAMING_DEFAULT_WORKERS} workers >= {targets['streaming_vs_training']:g}x),"
             f" start-up <= floor + {targets['startup_over_floor_s']:g} s"
         ),
         "met: " + ", ".join(f"{name} {'yes' if met else 'NO'}" for name, met in results["met"].items()),
@@ -520,7 +570,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     precision = import_module(f"{args.package}.speed").default_precision(accelerator)
     config = yaml.safe_load((project / "configs" / "mnist.yaml").read_text())
-    batch_size = args.batch_size or config["data"]["batch_size"]
+    batch_size = args.batch_size or config["data"]["init_args"]["batch_size"]
     runner = Runner(args, project, data_dir, accelerator)
     started = time.monotonic()
     measured = cases(accelerator, args.glibc_malloc_defaults)

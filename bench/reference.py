@@ -70,7 +70,7 @@ class PlainLoop:
         batch_size: int | None = None,
     ) -> None:
         config = yaml.safe_load(Path(config_path).read_text())
-        model_config, data_config = config["model"], config["data"]
+        model_config, data_config = config["model"], config["data"]["init_args"]
         optimizer_config, scheduler_config = model_config["optimizer"], model_config["scheduler"]
         if (optimizer_config["class_path"], scheduler_config["class_path"]) != (
             "torch.optim.AdamW",

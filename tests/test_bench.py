@@ -51,6 +51,10 @@ def test_a_minimal_benchmark_run_writes_every_figure(default_project, real_mnist
         assert_figure(results["startup"][name])
     for name in ("loader_images_per_s", "training_images_per_s", "loader_vs_training"):
         assert_figure(results["loader"][name])
+    assert set(results["loader"]["streaming"]) == {"0 workers", "2 workers", "4 workers"}
+    for figures in results["loader"]["streaming"].values():
+        for name in ("images_per_s", "vs_in_memory", "vs_training"):
+            assert_figure(figures[name])
     for name in ("template_2p_vs_1p", "reference_2p_vs_1p"):
         assert_figure(results["scaling"][name])
     assert set(results["met"]) == set(results["targets"])
