@@ -30,6 +30,17 @@ def test_generates_the_expected_layout(projects, answer_set):
         assert (package_dir(project, answers) / f"{module}.py").is_file(), module
 
 
+def test_git_keeps_every_generated_file(cookies):
+    # The project's .gitignore must not hide any of its own files (data/ once hid configs/data/).
+    project = cookies.bake().project_path
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "add", "--all"], cwd=project, check=True)
+    tracked = subprocess.run(["git", "ls-files"], cwd=project, capture_output=True, text=True, check=True).stdout
+    generated = {path.relative_to(project) for path in project.rglob("*") if path.is_file()}
+    generated = {str(path) for path in generated if ".git" not in path.parts}
+    assert generated - set(tracked.split()) == set()
+
+
 @pytest.mark.parametrize("answer_set", ANSWER_SETS)
 def test_unselected_parts_are_removed(projects, answer_set):
     project, answers = projects[answer_set], ANSWER_SETS[answer_set]
