@@ -170,13 +170,20 @@ def test_a_local_sweep_trains_each_run_with_its_drawn_values(mnist_dir, tmp_path
         assert (run_dir / "wandb").is_dir(), "each run logs (offline) into its own directory"
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
         for name, value in params.items():
-            section = config
-            for key in name.split("."):
-                section = section[key]
-            assert section == pytest.approx(value), name
+            assert config_value(config, name) == pytest.approx(value), name
         score = best_score(run_dir, "val/acc")
         assert score is not None and 0.0 <= score <= 1.0
         assert f"{run_dir}  {score:.4f}" in result.stdout
         scores.append(score)
     best = max(range(2), key=lambda number: scores[number])
     assert f"best: {root / str(best)}  val/acc={scores[best]:.4f}" in result.stdout
+
+
+def config_value(config: dict, name: str):
+    """The value a command-line name like `data.batch_size` sets in a saved config (class sections nest init_args)."""
+    section = config
+    for key in name.split("."):
+        if key not in section and "init_args" in section:
+            section = section["init_args"]
+        section = section[key]
+    return section

@@ -19,6 +19,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
@@ -105,7 +106,8 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
                 trainer.strategy.launcher.kill(signum)
             # Slurm signals every process of a task, wandb's service too, which then ends; a later
             # wandb call would fail the run before it stops and saves. It logs nothing more.
-            trainer.loggers = [logger for logger in trainer.loggers if not isinstance(logger, WandbLogger)]
+            loggers = trainer.loggers
+            trainer.loggers = [DummyLogger() if isinstance(logger, WandbLogger) else logger for logger in loggers]
 
         signal.signal(signal.SIGTERM, flag)
         # Lightning also broadcasts its handler's flag from rank 0 before every training step and
