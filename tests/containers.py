@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from .host import apt_install
+
 TESTS = Path(__file__).resolve().parent
 REQUIREMENTS = TESTS.parent / "requirements-test.txt"
 BASE_DOCKERFILE = TESTS / "base_image" / "Dockerfile"
@@ -44,27 +46,6 @@ IMAGE_USER_ID = 1000
 
 
 # ---- tools -----------------------------------------------------------------------------------
-
-
-def root_or_skip(what: str) -> None:
-    """Skip without root, with the reason, except under CI, which must run every platform for real."""
-    if os.geteuid() == 0:
-        return
-    reason = f"{what} needs root"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI must run this test, but {reason}")
-    pytest.skip(reason)
-
-
-def apt_install(packages: tuple[str, ...]) -> None:
-    """Install Debian packages (root only); refresh the package lists once if needed."""
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
-    if subprocess.run(command, env=env, capture_output=True, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=True)
-        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"apt-get install {' '.join(packages)} failed:\n{result.stdout[-2000:]}{result.stderr}")
 
 
 def ensure_programs(programs: tuple[str, ...], packages: tuple[str, ...]) -> None:

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Self
 
+from .host import apt_install
+
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "unshare")
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
@@ -36,14 +38,7 @@ def missing_programs() -> list[str]:
 
 
 def install_packages() -> None:
-    """Install Slurm and munge with apt-get (root only); refresh the package lists once if needed."""
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    if subprocess.run(command, env=env, capture_output=True, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=True)
-        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"apt-get install {' '.join(PACKAGES)} failed:\n{result.stdout[-2000:]}{result.stderr}")
+    apt_install(PACKAGES)
 
 
 def free_ports(count: int) -> list[int]:

@@ -30,12 +30,12 @@ from .containers import (
     image_user,
     podman,
     rebuild,
-    root_or_skip,
     shared_volume,
     torch_base_image,
     wait_for_file,
 )
 from .docker_swarm import DEBIAN_CLI, DockerSwarm
+from .host import root_or_skip
 from .launch_runs import TRAIN_STEPS, assert_one_process_group, quick_cpu_run
 
 pytestmark = pytest.mark.containers

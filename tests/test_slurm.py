@@ -8,7 +8,6 @@ with the same weights. A third job is preempted mid-training the way the time li
 must come back by itself and resume from the checkpoint it saved.
 """
 
-import os
 import re
 import shutil
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from .host import root_or_skip
 from .launch_runs import TRAIN_STEPS, assert_one_process_group, launch_environment, quick_cpu_run, write_fake_mnist
 from .slurm_cluster import SlurmCluster, free_ports, install_packages, missing_programs
 
@@ -23,12 +23,8 @@ TASKS_PER_NODE = 2
 
 
 def slurm_or_skip() -> None:
-    """Install Slurm if needed. Without root, skip with the reason, except under CI, which must run it."""
-    if os.geteuid() != 0:
-        reason = "a real Slurm cluster needs root (slurmd, munged, a private /etc/hosts per node)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the Slurm test, but {reason}")
-        pytest.skip(reason)
+    """Install Slurm if needed; without root, skip (under CI, fail: it must run)."""
+    root_or_skip("a real Slurm cluster (slurmd, munged, a private /etc/hosts per node)")
     if missing_programs():
         install_packages()
     assert not missing_programs(), f"still missing after installing: {missing_programs()}"
