@@ -9,6 +9,9 @@ import gc
 # The garbage collector would scan them over and over while they load (most of a second); frozen
 # once loaded, it never scans them again, and forked data loader workers share their memory.
 gc.disable()
+from {{ cookiecutter.package_name }}.launch_variables import exit_on_bad_rank_variables  # noqa: E402
+
+exit_on_bad_rank_variables()  # Lightning reads them when it is imported: a bad one would end in its traceback
 from {{ cookiecutter.package_name }}.cli import main  # noqa: E402
 
 gc.freeze()

@@ -24,8 +24,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from .errors import ConfigError
+from .exit_codes import PREEMPTED
 
-PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM  # 143, what platforms expect from a terminated job
 PREEMPTED_WAIT_SECONDS = 60  # for the other processes of a node to stop after the checkpoint
 
 
@@ -147,7 +147,7 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         started.clear()
         for process in children:
             process.wait(timeout=PREEMPTED_WAIT_SECONDS)
-        raise SystemExit(PREEMPTED_EXIT_CODE)
+        raise SystemExit(PREEMPTED)
 
     def on_exception(self, trainer: Trainer, *args: Any) -> None:
         # Only a coordinated stop saves: after a crash the other processes may never join a save.

@@ -19,6 +19,7 @@ from torchvision.io import encode_png
 
 from .data import MNISTDataModule
 from .errors import ConfigError
+from .exit_codes import CONFIG_ERROR
 
 
 def load_splits(data_dir: str, val_fraction: float, split_seed: int) -> dict[str, tuple[Tensor, Tensor]]:
@@ -67,7 +68,7 @@ def main(args: list[str] | None = None) -> None:
                 options.workers)  # fmt: skip
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(CONFIG_ERROR)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from .checkpointing import PREEMPTED_EXIT_CODE, AtomicCheckpointIO, refusal_reason
+from .checkpointing import AtomicCheckpointIO, refusal_reason
 from .cluster import (
     ClusterConfigError,
     ClusterSettings,
@@ -35,6 +35,7 @@ from .cluster import (
 )
 from .diagnostics import ExplainDistributedFailure, LogProcessPlacement
 from .errors import ConfigError
+from .exit_codes import CONFIG_ERROR, PREEMPTED
 from .model import MNISTClassifier
 from .progress import PlainProgress
 from .run_record import SaveRunRecord
@@ -265,7 +266,7 @@ def main(args: list[str] | None = None) -> None:
         # Under torchrun and Slurm every process of a node finds the same error: the first one says it.
         if os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":
             print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(CONFIG_ERROR)
     except SIGTERMException:
         # Lightning ends a process stopped by SIGTERM outside training with status 0: it did not finish.
-        sys.exit(PREEMPTED_EXIT_CODE)
+        sys.exit(PREEMPTED)

@@ -6,6 +6,20 @@ count, main address). Lightning then starts one more process per device on each 
 Lightning started. torchrun, Slurm, LSF and MPI are handled by Lightning's own environments,
 used as they are.
 
+Which launch a process belongs to, first match wins (`detect_platform`):
+
+1. A launcher that starts every process itself: torchrun (TorchElastic's variables), then Slurm's
+   srun. It wins over a node-level platform it runs in, as in Lightning ("TorchElastic has the
+   highest priority since it can also be used inside SLURM"): torchrun in a SING container forms
+   one job of all its processes. A launcher whose node count differs from the platform's
+   (`torchrun --standalone` on a 2-node SING job) is refused, naming the torchrun flags that fit.
+2. A node-level platform: SING (SING_RANK, SING_WORLD_SIZE), or POD (RANK and WORLD_SIZE in a
+   process that no launcher started; Kubeflow's PyTorchJob and Volcano set the same). The
+   variables of both at once are refused.
+3. Lightning's manual launch: NODE_RANK (no RANK), WORLD_SIZE (the number of nodes), MASTER_ADDR
+   and MASTER_PORT on each node; Lightning's own LightningEnvironment runs it.
+4. Otherwise a single node.
+
 Debug a launch without training: `python -m {{ cookiecutter.package_name }}.cluster`.
 """
 
@@ -21,15 +35,12 @@ from datetime import timedelta
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from .errors import ConfigError
+from .exit_codes import CONFIG_ERROR
+from .launch_variables import ClusterConfigError, require, require_int, require_port, require_rank_and_size
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAIN_PORT = {{ cookiecutter.main_port }}
-
-
-class ClusterConfigError(ConfigError):
-    """A platform variable is missing or wrong. Raised before any process group is formed."""
 
 
 @dataclass
@@ -47,32 +58,6 @@ class ClusterSettings:
     main_port: int = DEFAULT_MAIN_PORT
     address_timeout: float = 300.0
     timeout: timedelta = timedelta(minutes=5)
-
-
-def _require(name: str) -> str:
-    value = os.environ.get(name)
-    if value is None:
-        raise ClusterConfigError(f"{name} is not set")
-    if not value.strip():
-        raise ClusterConfigError(f"{name} is set but empty")
-    return value.strip()
-
-
-def _require_int(name: str) -> int:
-    value = _require(name)
-    try:
-        return int(value)
-    except ValueError:
-        raise ClusterConfigError(f"{name}={value!r} is not an integer") from None
-
-
-def _require_rank_and_size(rank_name: str, size_name: str) -> tuple[int, int]:
-    rank, size = _require_int(rank_name), _require_int(size_name)
-    if size < 1:
-        raise ClusterConfigError(f"{size_name}={size} must be at least 1")
-    if not 0 <= rank < size:
-        raise ClusterConfigError(f"{rank_name}={rank} is outside 0..{size - 1} ({size_name}={size})")
-    return rank, size
 
 
 def wait_until_resolvable(host: str, timeout: float, interval: float = 2.0) -> None:
@@ -103,7 +88,9 @@ class NodeLevelEnvironment(ClusterEnvironment):
         super().__init__()
         self._node_rank, self._num_nodes = self._read_node_rank_and_count()
         self._main_address = self._read_main_address()
-        self._main_port = _require_int("MASTER_PORT") if "MASTER_PORT" in os.environ else main_port
+        if not 1 <= main_port <= 65535:
+            raise ClusterConfigError(f"cluster.main_port={main_port} is not a port number (1-65535)")
+        self._main_port = require_port("MASTER_PORT") if "MASTER_PORT" in os.environ else main_port
         self.address_timeout = address_timeout
         self._global_rank = 0
         self._world_size = 1
@@ -203,11 +190,11 @@ class SINGEnvironment(NodeLevelEnvironment):
         return "SING_RANK" in os.environ or "SING_WORLD_SIZE" in os.environ
 
     def _read_node_rank_and_count(self) -> tuple[int, int]:
-        return _require_rank_and_size("SING_RANK", "SING_WORLD_SIZE")
+        return require_rank_and_size("SING_RANK", "SING_WORLD_SIZE")
 
     def _read_main_address(self) -> str:
         if "SING_MASTER_ADDR" in os.environ:
-            return _require("SING_MASTER_ADDR")
+            return require("SING_MASTER_ADDR")
         if self.host(0) is None:
             raise ClusterConfigError("SING_MASTER_ADDR is not set, nor SING_JOB_NAME and SING_HOSTNAME_SUFFIX")
         return self.host(0)
@@ -233,23 +220,27 @@ class PODEnvironment(NodeLevelEnvironment):
 
     @staticmethod
     def detect() -> bool:
-        if "POD_WORLD_SIZE" in os.environ:  # a process Lightning started in a pod
-            return True
-        # torchrun, Lightning's own processes and Slurm set LOCAL_RANK or their own variables;
-        # one process per pod with only RANK and WORLD_SIZE is this platform.
-        started_per_process = "LOCAL_RANK" in os.environ or TorchElasticEnvironment.detect()
-        return "WORLD_SIZE" in os.environ and not started_per_process and not SLURMEnvironment.detect()
+        """A pod's own process (RANK, no LOCAL_RANK), or one Lightning started in a pod (POD_WORLD_SIZE).
+
+        Call it after the launchers that start every process (torchrun, Slurm) were ruled out.
+        """
+        return "POD_WORLD_SIZE" in os.environ or ("RANK" in os.environ and "LOCAL_RANK" not in os.environ)
 
     def _read_node_rank_and_count(self) -> tuple[int, int]:
         if "POD_WORLD_SIZE" in os.environ:
-            return _require_rank_and_size("POD_RANK", "POD_WORLD_SIZE")
-        rank, size = _require_rank_and_size("RANK", "WORLD_SIZE")
+            return require_rank_and_size("POD_RANK", "POD_WORLD_SIZE")
+        if "WORLD_SIZE" not in os.environ:
+            raise ClusterConfigError(
+                f"RANK={os.environ['RANK']} is set without WORLD_SIZE: a pod needs both (its index and the number"
+                " of pods); on a single machine unset RANK"
+            )
+        rank, size = require_rank_and_size("RANK", "WORLD_SIZE")
         os.environ["POD_RANK"], os.environ["POD_WORLD_SIZE"] = str(rank), str(size)
         return rank, size
 
     def _read_main_address(self) -> str:
         if "MASTER_ADDR" in os.environ:
-            return _require("MASTER_ADDR")
+            return require("MASTER_ADDR")
         if self.host(0) is None:
             raise ClusterConfigError("MASTER_ADDR is not set, nor JOB_NAME, SVC_NAME and POD_NAMESPACE")
         return self.host(0)
@@ -284,35 +275,85 @@ def platform_of(environment: ClusterEnvironment) -> Platform:
 
 
 def detect_platform(settings: ClusterSettings | None = None) -> Platform:
-    """SING, then POD, then torchrun and Slurm (Lightning's environments), then a single node."""
+    """Which launch this process belongs to, by the precedence in this module's docstring."""
     settings = settings or ClusterSettings()
-    for environment_class in (SINGEnvironment, PODEnvironment):
-        if environment_class.detect():
-            return platform_of(environment_class(settings.main_port, settings.address_timeout))
     if TorchElasticEnvironment.detect():
-        return Platform(
+        platform = Platform(
             "torchrun",
-            num_nodes=_require_int("GROUP_WORLD_SIZE"),
+            num_nodes=require_int("GROUP_WORLD_SIZE"),
             num_nodes_variable="GROUP_WORLD_SIZE",
-            processes_per_node=_require_int("LOCAL_WORLD_SIZE"),
+            processes_per_node=require_int("LOCAL_WORLD_SIZE"),
             processes_per_node_variable="LOCAL_WORLD_SIZE",
         )
+        _refuse_a_launcher_on_fewer_nodes_than_sing(platform, settings.main_port)
+        return platform
     if SLURMEnvironment.detect():
         tasks_variable, tasks_per_node = _slurm_tasks_per_node()
         return Platform(
             "Slurm",
-            num_nodes=_require_int("SLURM_NNODES"),
+            num_nodes=require_int("SLURM_NNODES"),
             num_nodes_variable="SLURM_NNODES",
             processes_per_node=tasks_per_node,
             processes_per_node_variable=tasks_variable,
         )
+    started_by_lightning = "LOCAL_RANK" in os.environ
+    if SINGEnvironment.detect():
+        if not started_by_lightning and "RANK" in os.environ:
+            raise ClusterConfigError(
+                "both SING variables (SING_RANK, SING_WORLD_SIZE) and POD variables (RANK, WORLD_SIZE) are set:"
+                " unset the ones of the platform this job does not run on"
+            )
+        return platform_of(SINGEnvironment(settings.main_port, settings.address_timeout))
+    if PODEnvironment.detect():
+        return platform_of(PODEnvironment(settings.main_port, settings.address_timeout))
+    if "NODE_RANK" in os.environ and (MANUAL_NUM_NODES in os.environ or not started_by_lightning):
+        return _lightnings_manual_launch()
+    if "WORLD_SIZE" in os.environ and not started_by_lightning:
+        raise ClusterConfigError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set without RANK (the POD platform's pod index)"
+            " or NODE_RANK (Lightning's manual launch): set the one your platform gives"
+        )
     return Platform("local")
+
+
+# Where the first process of a node keeps the node count of a manual launch: Lightning rewrites
+# WORLD_SIZE to the number of processes before it starts the node's other processes.
+MANUAL_NUM_NODES = "MANUAL_LAUNCH_NUM_NODES"
+
+
+def _lightnings_manual_launch() -> Platform:
+    """Lightning's launch on a general-purpose cluster: NODE_RANK, WORLD_SIZE nodes, MASTER_ADDR, MASTER_PORT."""
+    if MANUAL_NUM_NODES not in os.environ:
+        _, num_nodes = require_rank_and_size("NODE_RANK", "WORLD_SIZE")
+        if num_nodes > 1:
+            require("MASTER_ADDR")  # on every node: LightningEnvironment would fall back to 127.0.0.1
+        os.environ[MANUAL_NUM_NODES] = str(num_nodes)
+    if "MASTER_PORT" in os.environ:
+        require_port("MASTER_PORT")
+    return Platform("Lightning", num_nodes=require_int(MANUAL_NUM_NODES), num_nodes_variable="WORLD_SIZE")
+
+
+def _refuse_a_launcher_on_fewer_nodes_than_sing(launcher: Platform, main_port: int) -> None:
+    """torchrun inside a SING node must span the job's nodes, or each node trains a job of its own."""
+    if "SING_WORLD_SIZE" not in os.environ:
+        return
+    sing_nodes = require_int("SING_WORLD_SIZE")
+    if sing_nodes == launcher.num_nodes:
+        return
+    main_address = os.environ.get("SING_MASTER_ADDR", "$SING_MASTER_ADDR")
+    raise ClusterConfigError(
+        f"{launcher.name} runs {launcher.num_nodes} node(s) ({launcher.num_nodes_variable}={launcher.num_nodes})"
+        f" but this SING job has {sing_nodes} (SING_WORLD_SIZE={sing_nodes}): start torchrun with"
+        f" --nnodes {sing_nodes} --node-rank $SING_RANK --rdzv-backend c10d"
+        f" --rdzv-endpoint {main_address}:{main_port} --rdzv-id $SING_JOB_NAME,"
+        " or without torchrun (Lightning then starts one process per GPU)"
+    )
 
 
 def _slurm_tasks_per_node() -> tuple[str, int | None]:
     """Slurm's tasks per node: `--ntasks-per-node`, else the allocation's when every node has the same count."""
     if "SLURM_NTASKS_PER_NODE" in os.environ:
-        return "SLURM_NTASKS_PER_NODE", _require_int("SLURM_NTASKS_PER_NODE")
+        return "SLURM_NTASKS_PER_NODE", require_int("SLURM_NTASKS_PER_NODE")
     # "4" or "4(x2)": 4 tasks on each node. "3,1" differs between nodes: no single count.
     uniform = re.fullmatch(r"(\d+)(\(x\d+\))?", os.environ.get("SLURM_TASKS_PER_NODE", ""))
     return "SLURM_TASKS_PER_NODE", int(uniform.group(1)) if uniform else None
@@ -336,7 +377,7 @@ def main() -> None:
         print(describe(detect_platform()))
     except ClusterConfigError as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(CONFIG_ERROR)
 
 
 if __name__ == "__main__":
