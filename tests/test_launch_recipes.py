@@ -339,10 +339,14 @@ def test_kubernetes_job_matches_the_answers(projects, answer_set):
 # ---- Docker Swarm ---------------------------------------------------------------------------
 
 
+# Swarm runs torchrun through the wrapper that keeps the training's exit status (tests/test_exit_contract.py).
+SWARM_TORCHRUN = ["python", "launch/torchrun/torchrun_with_status.py", "--swarm"]
+
+
 def torchrun_options(command: list[str]) -> tuple[dict[str, str], list[str]]:
     """torchrun's `--name value` options, and the script command after them."""
-    assert command[0] == "torchrun"
-    options, rest = {}, command[1:]
+    assert command[: len(SWARM_TORCHRUN)] == SWARM_TORCHRUN
+    options, rest = {}, command[len(SWARM_TORCHRUN) :]
     while rest and rest[0].startswith("--"):
         name, _, value = rest[0].partition("=")
         options[name], rest = (value, rest[1:]) if value else (rest[1], rest[2:])

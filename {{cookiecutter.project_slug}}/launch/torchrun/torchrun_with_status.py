@@ -1,0 +1,73 @@
+"""torchrun, ending with the training's exit status (src/{{ cookiecutter.package_name }}/exit_codes.py) instead of 1.
+
+torchrun exits 1 whenever a worker fails, whatever the worker's status, and 1 after a SIGTERM too:
+a scheduler could not tell a preemption from a configuration error. This runs torchrun itself, with
+the same options, and exits with
+
+- 128 + the signal when torchrun was stopped by one: 143 for SIGTERM, 130 for Ctrl-C;
+- otherwise the status of the worker that failed first in cause: when one worker fails, torchrun
+  stops the others with SIGTERM (143) and peers on other nodes lose it (75), so those two count
+  only when no worker says anything else;
+- 75 when the nodes did not all join torchrun's rendezvous in time.
+
+With --swarm it exits 0 for a configuration error (2) and Ctrl-C (130): Swarm restarts a task after
+any non-zero status (restart_policy: on-failure), and a retry cannot fix either.
+
+    python launch/torchrun/torchrun_with_status.py [--swarm] <torchrun options> train.py fit ...
+"""
+
+import sys
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+from torch.distributed.run import main as torchrun
+
+from {{ cookiecutter.package_name }}.exit_codes import CONFIG_ERROR, INTERRUPTED, LOST_NODE, PREEMPTED
+
+# What a failure leaves in the other workers: torchrun stops them (SIGTERM), or they lose their peer.
+ECHOES = (PREEMPTED, LOST_NODE)
+
+
+def shell_status(exitcode: int) -> int:
+    """A worker's status as a shell reports it: 128 + N for a worker killed by signal N."""
+    return 128 - exitcode if exitcode < 0 else exitcode
+
+
+def job_status(statuses: list[int]) -> int:
+    """One status for the workers that failed: the cause rather than its echoes, a configuration error first."""
+    causes = [status for status in statuses if status not in ECHOES]
+    if causes:
+        return CONFIG_ERROR if CONFIG_ERROR in causes else causes[0]
+    return LOST_NODE if LOST_NODE in statuses else PREEMPTED
+
+
+def run_torchrun(arguments: list[str]) -> int:
+    try:
+        torchrun(arguments)
+    except SignalException as stopped:
+        return 128 + stopped.sigval
+    except ChildFailedError as failed:
+        statuses = {rank: shell_status(failure.exitcode) for rank, failure in sorted(failed.failures.items())}
+        status = job_status(list(statuses.values()))
+        print(f"torchrun: workers ended with {statuses} (global rank: status); exit status {status}", file=sys.stderr)
+        return status
+    except RendezvousTimeoutError:
+        print("error: not every node joined torchrun's rendezvous in time", file=sys.stderr)
+        return LOST_NODE
+    return 0
+
+
+def main() -> None:
+    arguments = sys.argv[1:]
+    swarm = arguments[:1] == ["--swarm"]
+    status = run_torchrun(arguments[1:] if swarm else arguments)
+    if swarm and status in (CONFIG_ERROR, INTERRUPTED):
+        print(f"torchrun: exit status {status}, a retry cannot help: exiting 0 so that Swarm does not restart the task",
+              file=sys.stderr)  # fmt: skip
+        status = 0
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
