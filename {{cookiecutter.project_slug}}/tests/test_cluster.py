@@ -3,15 +3,17 @@
 import os
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
-from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from {{ cookiecutter.package_name }}.cli import devices_per_node, num_nodes
 from {{ cookiecutter.package_name }}.cluster import (
     DEFAULT_MAIN_PORT,
+    MANUAL_NUM_NODES,
     ClusterConfigError,
     ClusterSettings,
     PODEnvironment,
@@ -21,7 +23,7 @@ from {{ cookiecutter.package_name }}.cluster import (
     wait_until_resolvable,
 )
 
-from .conftest import clean_env
+from .conftest import clean_env, free_port
 
 # The documents' example: job `test` with 2 nodes, as node 1 sees it.
 SING_NODE_1 = {
@@ -115,21 +117,125 @@ def test_sing_processes_started_by_lightning_keep_the_node_values(environ):
     assert env.creates_processes_externally
 
 
+# Every documented launch, as one process of it sees its environment: the platform chosen, the
+# environment Lightning then runs with, the node's rank, the node count, and the processes per node
+# the launcher started (None: Lightning starts one per device).
+KUBEFLOW_TRAINER_V2 = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1",
+                       "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29400"}  # fmt: skip
+LAUNCHES = {
+    "SING node (documents' example)": (SING_NODE_1, "SING", SINGEnvironment, 1, 2, None),
+    "SING node 0, main address from the host pattern": (
+        {**{k: v for k, v in SING_NODE_1.items() if k != "SING_MASTER_ADDR"}, "SING_RANK": "0"},
+        "SING", SINGEnvironment, 0, 2, None,
+    ),
+    "SING, a process Lightning started": (
+        {**SING_NODE_1, "LOCAL_RANK": "1", "NODE_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1",
+         "MASTER_PORT": "29500"},
+        "SING", SINGEnvironment, 1, 2, None,
+    ),
+    "POD pod (documents' example)": (POD_NODE_1, "POD", PODEnvironment, 1, 2, None),
+    "POD, a process Lightning started": (
+        {**POD_NODE_1, "POD_RANK": "1", "POD_WORLD_SIZE": "2", "RANK": "3", "LOCAL_RANK": "1", "NODE_RANK": "1",
+         "WORLD_SIZE": "4", "MASTER_PORT": "29500"},
+        "POD", PODEnvironment, 1, 2, None,
+    ),
+    "Volcano's PyTorch plugin / Kubeflow PyTorchJob pod": (
+        {"MASTER_ADDR": "job-master-0.job", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2"},
+        "POD", PODEnvironment, 2, 3, None,
+    ),
+    "torchrun --standalone": (
+        {"RANK": "1", "LOCAL_RANK": "1", "GROUP_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+         "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"},
+        "torchrun", TorchElasticEnvironment, 0, 1, 2,
+    ),
+    "torchrun, 2 nodes (also Docker Swarm)": (TORCHRUN, "torchrun", TorchElasticEnvironment, 1, 2, 2),
+    "torchrun inside a SING node, spanning the job": (
+        {**SING_NODE_1, **TORCHRUN}, "torchrun", TorchElasticEnvironment, 1, 2, 2,
+    ),
+    "torchrun inside a POD pod": (
+        {**TORCHRUN, "JOB_NAME": "test", "SVC_NAME": "svc", "POD_NAMESPACE": "ns"},
+        "torchrun", TorchElasticEnvironment, 1, 2, 2,
+    ),
+    "Kubeflow Trainer v2 (PET_* through torchrun)": (
+        {**KUBEFLOW_TRAINER_V2, **TORCHRUN}, "torchrun", TorchElasticEnvironment, 1, 2, 2,
+    ),
+    "Slurm srun task": (
+        {**SLURM, "SLURM_NTASKS_PER_NODE": "2", "SLURM_LOCALID": "1"}, "Slurm", SLURMEnvironment, 1, 2, 2,
+    ),
+    "Lightning's manual launch (cluster_intermediate_1)": (
+        {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "2", "NODE_RANK": "1"},
+        "Lightning", LightningEnvironment, 1, 2, None,
+    ),
+    "Lightning's manual launch, a process Lightning started": (
+        {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "4", "NODE_RANK": "1", "LOCAL_RANK": "1",
+         MANUAL_NUM_NODES: "2"},
+        "Lightning", LightningEnvironment, 1, 2, None,
+    ),
+    "one machine, a process Lightning started": (
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "41000", "WORLD_SIZE": "2", "NODE_RANK": "0", "LOCAL_RANK": "1"},
+        "local", LightningEnvironment, 0, None, None,
+    ),
+    "one machine": ({}, "local", LightningEnvironment, 0, None, None),
+}  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("variables", "expected"),
-    [
-        (SING_NODE_1, "SING"),
-        (POD_NODE_1, "POD"),
-        ({**POD_NODE_1, **SING_NODE_1}, "SING"),  # SING is checked first
-        (TORCHRUN, "torchrun"),
-        ({**TORCHRUN, "JOB_NAME": "test", "SVC_NAME": "svc", "POD_NAMESPACE": "ns"}, "torchrun"),  # torchrun in a pod
-        (SLURM, "Slurm"),
-        ({}, "local"),
-    ],
+    ("variables", "name", "environment_class", "node_rank", "nodes", "per_node"), LAUNCHES.values(), ids=LAUNCHES
 )
-def test_detection(environ, variables, expected):
+def test_every_documented_launch_lands_on_the_right_environment(
+    environ, variables, name, environment_class, node_rank, nodes, per_node
+):
     environ(variables)
-    assert detect_platform().name == expected
+    platform = detect_platform()
+    assert (platform.name, platform.num_nodes, platform.processes_per_node) == (name, nodes, per_node)
+    if platform.environment is None:  # Lightning picks its own: the first of its environments that detects
+        for earlier in (TorchElasticEnvironment, SLURMEnvironment):
+            if earlier is environment_class:
+                break
+            assert not earlier.detect()
+        environment = environment_class()
+    else:
+        environment = platform.environment
+    assert type(environment) is environment_class
+    assert environment.node_rank() == node_rank
+    if per_node is not None:  # the launcher also gives the world size
+        assert environment.world_size() == nodes * per_node
+
+
+REFUSED_LAUNCHES = {
+    "SING and POD variables together": (
+        {**SING_NODE_1, "RANK": "1", "WORLD_SIZE": "2"}, "both SING variables .* and POD variables .* are set",
+    ),
+    "torchrun --standalone on a 2-node SING job": (
+        {**SING_NODE_1, "RANK": "1", "LOCAL_RANK": "1", "GROUP_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+         "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "x"},
+        r"torchrun runs 1 node\(s\) \(GROUP_WORLD_SIZE=1\) but this SING job has 2 \(SING_WORLD_SIZE=2\): start"
+        r" torchrun with --nnodes 2 --node-rank \$SING_RANK --rdzv-backend c10d --rdzv-endpoint"
+        r" test-0.test-service.demo-project.svc.cluster.local:\d+",
+    ),
+    "RANK without WORLD_SIZE": ({"RANK": "1"}, "RANK=1 is set without WORLD_SIZE"),
+    "WORLD_SIZE without RANK or NODE_RANK": ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set without RANK .* or NODE_RANK"),
+    "POD RANK empty": ({**POD_NODE_1, "RANK": ""}, "RANK is set but empty"),
+    "MASTER_PORT above 65535": ({**POD_NODE_1, "MASTER_PORT": "70000"}, r"MASTER_PORT=70000 is not a port number"),
+    "MASTER_PORT 0": ({**POD_NODE_1, "MASTER_PORT": "0"}, r"MASTER_PORT=0 is not a port number"),
+    "manual launch, NODE_RANK out of range": (
+        {"MASTER_ADDR": "h", "MASTER_PORT": "1", "WORLD_SIZE": "2", "NODE_RANK": "2"}, r"NODE_RANK=2 is outside 0..1",
+    ),
+    "manual launch without MASTER_ADDR": (
+        {"MASTER_PORT": "29500", "WORLD_SIZE": "2", "NODE_RANK": "1"}, "MASTER_ADDR is not set",
+    ),
+    "manual launch, MASTER_PORT not a number": (
+        {"MASTER_ADDR": "h", "MASTER_PORT": "http", "WORLD_SIZE": "2", "NODE_RANK": "1"},
+        "MASTER_PORT='http' is not an integer",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("variables", "message"), REFUSED_LAUNCHES.values(), ids=REFUSED_LAUNCHES)
+def test_launches_that_cannot_work_are_refused_naming_the_variables(environ, variables, message):
+    environ(variables)
+    with pytest.raises(ClusterConfigError, match=message):
+        detect_platform()
 
 
 def test_detection_is_not_fooled_by_the_other_platform(environ):
@@ -227,7 +333,7 @@ def test_bad_sing_variables_are_named(environ, change, message):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"RANK": None}, "RANK is not set"),
+        ({"RANK": None}, "WORLD_SIZE=2 is set without RANK"),
         ({"RANK": "x"}, "RANK='x' is not an integer"),
         ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer"),
         ({"RANK": "5"}, r"RANK=5 is outside 0..1 \(WORLD_SIZE=2\)"),
@@ -256,12 +362,61 @@ def test_num_nodes_is_the_users_on_a_single_node(environ):
     assert num_nodes(1, detect_platform()) == 1
 
 
-def test_validate_settings_checks_node_count_and_resolves_the_main_address(environ):
-    environ({**POD_NODE_1, "MASTER_ADDR": "localhost"})
-    env = PODEnvironment(address_timeout=1)
-    env.validate_settings(num_devices=2, num_nodes=2)
-    with pytest.raises(ClusterConfigError, match=r"trainer\.num_nodes=3 but WORLD_SIZE=2"):
+def test_validate_settings_checks_node_count_and_answers_the_roll_call(environ):
+    environ({**POD_NODE_1, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": str(free_port())})
+    env = PODEnvironment(address_timeout=1, timeout=timedelta(seconds=5))
+    env.validate_settings(num_devices=2, num_nodes=1)
+    with pytest.raises(ClusterConfigError, match=r"trainer\.num_nodes=3 but WORLD_SIZE=1"):
         env.validate_settings(num_devices=2, num_nodes=3)
+
+
+ANSWER_ROLL_CALL = """
+import sys
+from datetime import timedelta
+from {{ cookiecutter.package_name }}.roll_call import roll_call
+port, node_rank, num_nodes, processes, seconds = map(int, sys.argv[1:])
+try:
+    roll_call("127.0.0.1", port, node_rank, num_nodes, processes, "RANK", timedelta(seconds=seconds))
+    print("joined")
+except Exception as error:
+    print(f"{type(error).__name__}: {error}")
+"""
+
+
+def answer_roll_calls(nodes: list[tuple[int, int]], num_nodes: int = 2, seconds: int = 20) -> list[str]:
+    """Each (node rank, processes) answers the roll call in a process of its own; what each one ended with."""
+    port, answering = free_port(), []
+    for node_rank, processes in nodes:
+        arguments = [str(value) for value in (port, node_rank, num_nodes, processes, seconds)]
+        answering.append(subprocess.Popen([sys.executable, "-c", ANSWER_ROLL_CALL, *arguments], env=clean_env(),
+                                          stdout=subprocess.PIPE, text=True))  # fmt: skip
+        time.sleep(0.5)  # node 0 first: it serves the store
+    return [process.communicate(timeout=seconds + 60)[0].strip() for process in answering]
+
+
+def test_roll_call_lets_nodes_that_agree_form_the_job():
+    assert answer_roll_calls([(0, 2), (1, 2)]) == ["joined", "joined"]
+
+
+def test_roll_call_names_a_rank_two_nodes_claim():
+    outcomes = answer_roll_calls([(0, 2), (0, 2)])
+    for outcome in outcomes:
+        assert outcome.startswith("ClusterConfigError: two nodes claim node rank 0: host"), outcomes
+        assert "give each node its own RANK (0..1)" in outcome
+
+
+def test_roll_call_names_nodes_that_start_different_numbers_of_processes():
+    outcomes = answer_roll_calls([(0, 2), (1, 3)])
+    assert outcomes[0] == outcomes[1], outcomes
+    assert outcomes[0].startswith("ClusterConfigError: the nodes start different numbers of processes (node 0")
+    assert " 2, node 1 " in outcomes[0] and outcomes[0].split("node 1 ")[1].startswith("(")
+
+
+def test_roll_call_names_the_node_that_did_not_arrive():
+    started = time.monotonic()
+    (outcome,) = answer_roll_calls([(0, 2)], num_nodes=3, seconds=2)
+    assert outcome.startswith("NodesDidNotArrive: only 1 of 3 nodes joined at 127.0.0.1:"), outcome
+    assert "within 0:00:02: node 1, 2 did not arrive" in outcome and time.monotonic() - started < 30
 
 
 def test_unresolvable_main_address_fails_after_the_timeout_naming_the_host():

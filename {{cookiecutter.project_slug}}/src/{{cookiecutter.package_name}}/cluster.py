@@ -34,9 +34,11 @@ from datetime import timedelta
 
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+from torch.distributed import TCPStore
 
 from .exit_codes import CONFIG_ERROR
 from .launch_variables import ClusterConfigError, require, require_int, require_port, require_rank_and_size
+from .roll_call import roll_call
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +84,15 @@ class NodeLevelEnvironment(ClusterEnvironment):
     """
 
     platform = ""
+    node_rank_variable = ""
     node_count_variable = ""
 
-    def __init__(self, main_port: int = DEFAULT_MAIN_PORT, address_timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        main_port: int = DEFAULT_MAIN_PORT,
+        address_timeout: float = 300.0,
+        timeout: timedelta = ClusterSettings.timeout,
+    ) -> None:
         super().__init__()
         self._node_rank, self._num_nodes = self._read_node_rank_and_count()
         self._main_address = self._read_main_address()
@@ -92,6 +100,8 @@ class NodeLevelEnvironment(ClusterEnvironment):
             raise ClusterConfigError(f"cluster.main_port={main_port} is not a port number (1-65535)")
         self._main_port = require_port("MASTER_PORT") if "MASTER_PORT" in os.environ else main_port
         self.address_timeout = address_timeout
+        self.timeout = timeout
+        self._roll_call_store: TCPStore | None = None
         self._global_rank = 0
         self._world_size = 1
 
@@ -170,10 +180,17 @@ class NodeLevelEnvironment(ClusterEnvironment):
         self._world_size = size
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        # Runs in each node's first process, before Lightning starts the others.
+        # Runs in every process before Lightning starts a node's other processes.
         if num_nodes != self.num_nodes:
             raise ClusterConfigError(f"trainer.num_nodes={num_nodes} but {self.node_count_variable}={self.num_nodes}")
+        if self.creates_processes_externally:
+            return  # a process Lightning started: its node's first process has checked
         wait_until_resolvable(self.main_address, self.address_timeout)
+        # Kept open until the process group forms: on node 0 it is the store torch then reuses.
+        self._roll_call_store = roll_call(
+            self.main_address, self.main_port, self._node_rank, self._num_nodes, num_devices,
+            self.node_rank_variable, self.timeout,
+        )  # fmt: skip
 
 
 class SINGEnvironment(NodeLevelEnvironment):
@@ -183,6 +200,7 @@ class SINGEnvironment(NodeLevelEnvironment):
     """
 
     platform = "SING"
+    node_rank_variable = "SING_RANK"
     node_count_variable = "SING_WORLD_SIZE"
 
     @staticmethod
@@ -216,6 +234,7 @@ class PODEnvironment(NodeLevelEnvironment):
     """
 
     platform = "POD"
+    node_rank_variable = "RANK"
     node_count_variable = "WORLD_SIZE"
 
     @staticmethod
@@ -303,9 +322,9 @@ def detect_platform(settings: ClusterSettings | None = None) -> Platform:
                 "both SING variables (SING_RANK, SING_WORLD_SIZE) and POD variables (RANK, WORLD_SIZE) are set:"
                 " unset the ones of the platform this job does not run on"
             )
-        return platform_of(SINGEnvironment(settings.main_port, settings.address_timeout))
+        return platform_of(SINGEnvironment(settings.main_port, settings.address_timeout, settings.timeout))
     if PODEnvironment.detect():
-        return platform_of(PODEnvironment(settings.main_port, settings.address_timeout))
+        return platform_of(PODEnvironment(settings.main_port, settings.address_timeout, settings.timeout))
     if "NODE_RANK" in os.environ and (MANUAL_NUM_NODES in os.environ or not started_by_lightning):
         return _lightnings_manual_launch()
     if "WORLD_SIZE" in os.environ and not started_by_lightning:
