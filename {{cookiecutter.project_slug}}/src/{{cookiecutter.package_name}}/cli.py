@@ -9,12 +9,13 @@ import logging
 import os
 import pickle
 import sys
+import traceback
 import zipfile
 from datetime import timedelta
 from pathlib import Path
 
 import torch
-from jsonargparse import Namespace
+from jsonargparse import ArgumentError, Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import Callback, LightningDataModule, Trainer
@@ -24,6 +25,7 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from .checkpoint_fit import RefuseCheckpointsThatDoNotFit
 from .checkpointing import AtomicCheckpointIO, refusal_reason
 from .cluster import (
     ClusterConfigError,
@@ -33,13 +35,16 @@ from .cluster import (
     detect_platform,
     platform_of,
 )
-from .diagnostics import ExplainDistributedFailure, LogProcessPlacement
+from .config_errors import OneLineErrorParser, one_line
+from .diagnostics import ExplainDistributedFailure, LogProcessPlacement, lost_contact
 from .errors import ConfigError
-from .exit_codes import CONFIG_ERROR, PREEMPTED
+from .exit_codes import CONFIG_ERROR, LOST_NODE, PREEMPTED
 from .model import MNISTClassifier
 from .progress import PlainProgress
+from .roll_call import NodesDidNotArrive
 from .run_record import SaveRunRecord
 from .speed import use_fast_defaults
+from .stopping import stop_with_this_process
 from .wandb_run import choose_wandb_mode, keep_wandb_run_id
 
 # Callbacks that write files: the argument naming their directory, and where it goes by default.
@@ -95,18 +100,22 @@ class ProjectCLI(LightningCLI):
             *_configured(config.trainer.callbacks),
             LogProcessPlacement(platform.name),
             ExplainDistributedFailure(config.cluster.timeout),
+            RefuseCheckpointsThatDoNotFit(),
         ]
         if config.trainer.enable_progress_bar is None and not sys.stdout.isatty():
             # Output goes to a file (a cluster job): log lines instead of a redrawn bar.
             kwargs["enable_progress_bar"] = False
             callbacks.append(PlainProgress(config.trainer.log_every_n_steps or 50))
-        return super().instantiate_trainer(
+        trainer = super().instantiate_trainer(
             plugins=plugins,
             num_nodes=num_nodes(config.trainer.num_nodes, platform),
             devices=devices_per_node(config.trainer.devices, platform),
             callbacks=callbacks,
             **kwargs,
         )
+        # The processes Lightning starts on this node stop with this one, whatever it is doing (stopping.py).
+        stop_with_this_process(lambda: getattr(trainer.strategy.launcher, "procs", []))
+        return trainer
 
 
 def leave_out_what_cannot_run(config: Namespace) -> None:
@@ -260,13 +269,22 @@ def main(args: list[str] | None = None) -> None:
             LightningDataModule,
             subclass_mode_data=True,
             save_config_callback=SaveRunRecord,
+            parser_class=OneLineErrorParser,  # bad settings raise ArgumentError: one line, usage only on --help
             args=args,
         )
-    except ConfigError as error:
+    except (ArgumentError, ConfigError) as error:
         # Under torchrun and Slurm every process of a node finds the same error: the first one says it.
         if os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":
-            print(f"error: {error}", file=sys.stderr)
+            print(f"error: {one_line(error)}", file=sys.stderr)
         sys.exit(CONFIG_ERROR)
+    except NodesDidNotArrive as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(LOST_NODE)
+    except Exception as error:
+        if not lost_contact(error):
+            raise
+        traceback.print_exception(error)  # ends with the line naming the lost node
+        sys.exit(LOST_NODE)
     except SIGTERMException:
         # Lightning ends a process stopped by SIGTERM outside training with status 0: it did not finish.
         sys.exit(PREEMPTED)

@@ -10,11 +10,13 @@ To use your own data, replace `_load_split` (and the constants below) and keep t
 too big for memory streams from chunks instead: streaming.py.
 """
 
+import math
 import os
 from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule
+from pydantic import NonNegativeInt, PositiveInt
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.datasets import MNIST
@@ -27,6 +29,7 @@ RAW_FILES = {
     True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
+IMAGE_SIZE = (28, 28)
 
 
 class InMemoryDataset(TensorDataset):
@@ -49,6 +52,24 @@ def normalised(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
     """uint8 images as normalised floats, done where the batch is (after it reaches the device)."""
     images, labels = batch
     return images.float().div_(255).sub_(MEAN).div_(STD), labels
+
+
+def idx_shape(path: Path, dims: int) -> tuple[int, ...]:
+    """The shape an IDX file of unsigned bytes (MNIST's format) declares, refused unless the file holds exactly that."""
+    header_size = 4 * (1 + dims)
+    with path.open("rb") as file:
+        header = file.read(header_size)
+    magic = 0x0800 + dims  # two zero bytes, 0x08 (unsigned bytes), the number of dimensions
+    if len(header) < header_size or int.from_bytes(header[:4], "big") != magic:
+        raise ConfigError(f"{path} is not an IDX file of {dims}-dimensional unsigned bytes (no 0x{magic:08x} header)")
+    shape = tuple(int.from_bytes(header[start : start + 4], "big") for start in range(4, header_size, 4))
+    expected, size = header_size + math.prod(shape), path.stat().st_size
+    if size != expected:
+        raise ConfigError(
+            f"{path} holds {size:,} bytes but its header promises {'x'.join(map(str, shape))} values"
+            f" ({expected:,} bytes): the file is truncated or damaged"
+        )
+    return shape
 
 
 def already_batched(batch: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
@@ -76,8 +97,8 @@ class MNISTDataModule(LightningDataModule):
         data_dir: str = "data",
         download: bool = True,
         val_fraction: float = 0.1,
-        batch_size: int = 128,
-        num_workers: int = 0,
+        batch_size: PositiveInt = 128,
+        num_workers: NonNegativeInt = 0,
         split_seed: int = 0,
         on_device: bool = False,
     ):
@@ -140,6 +161,7 @@ class MNISTDataModule(LightningDataModule):
     def _load_split(self, train: bool) -> tuple[Tensor, Tensor]:
         """Images as uint8 (N, 1, 28, 28) and labels as int64 (N,)."""
         self._check_present(train)
+        self._check_contents(train)
         dataset = MNIST(self.data_dir, train=train, download=False)
         return dataset.data.unsqueeze(1), dataset.targets
 
@@ -159,6 +181,18 @@ class MNISTDataModule(LightningDataModule):
             raise ConfigError(
                 f"MNIST files {', '.join(missing)} not found in {self.raw_dir.resolve()}; "
                 "set data.download: true or point data.data_dir at a directory that has MNIST/raw/"
+            )
+
+    def _check_contents(self, train: bool) -> None:
+        """Whole files of 28x28 images and as many labels as images, before torchvision reads them."""
+        images_file, labels_file = (self.raw_dir / name for name in RAW_FILES[train])
+        images, labels = idx_shape(images_file, dims=3), idx_shape(labels_file, dims=1)
+        if images[1:] != IMAGE_SIZE:
+            raise ConfigError(f"{images_file} holds images of {images[1]}x{images[2]} pixels, expected 28x28")
+        if images[0] != labels[0]:
+            raise ConfigError(
+                f"{self.raw_dir}: {images_file.name} holds {images[0]:,} images but {labels_file.name}"
+                f" {labels[0]:,} labels; each image needs one label"
             )
 
     def _device(self) -> torch.device:

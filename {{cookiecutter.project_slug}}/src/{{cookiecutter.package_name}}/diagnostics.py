@@ -1,14 +1,19 @@
 """What each process tells the log: where it sits in the job, and why a distributed job failed."""
 
+import json
 import logging
+import os
 import re
 import socket
+import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
-from torch.distributed import DistError
+from torch.distributed import DistError, TCPStore
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +34,13 @@ class LogProcessPlacement(Callback):
 
 
 class ExplainDistributedFailure(Callback):
-    """When the job fails because a process is missing or lost, end the traceback with what happened.
+    """When the job fails because a process is missing or lost, end the traceback with which node it was.
 
-    Where every process runs (node, host name, addresses) is shared once the job has formed: after a
-    node is lost, its name may no longer resolve (a stopped pod or container leaves DNS), and the
-    error names only the address of the peer it lost.
+    Where every process runs (node, host name) is shared once the job has formed: after a node is
+    lost its name may no longer resolve. Which processes were lost is asked, not guessed from
+    the connection that broke (a survivor's neighbour often dies of the loss first): every process
+    that sees the failure answers in the main node's store, and the processes that never answer are
+    the lost ones.
     """
 
     def __init__(self, timeout: timedelta) -> None:
@@ -43,20 +50,93 @@ class ExplainDistributedFailure(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             return
-        here = Placement(trainer.node_rank, trainer.global_rank, socket.gethostname(), own_addresses())
+        here = Placement(trainer.node_rank, trainer.global_rank, socket.gethostname())
         self.placement = [here] * trainer.world_size
         dist.all_gather_object(self.placement, here)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        message = str(exception).lower()
-        if not (isinstance(exception, DistError) or "gloo" in message or "nccl" in message):
+        if not lost_contact(exception):
             return
-        # The job is over: stop this node's other processes now rather than after their own
-        # timeouts, so that this explanation is the node's last word.
-        for process in getattr(trainer.strategy.launcher, "procs", []):
-            process.kill()
-            process.wait()
-        exception.add_note(explain(exception, trainer, self.timeout, self.placement))
+        # Lightning's watcher SIGKILLs this process as soon as one it started exits non-zero, which
+        # they are about to do: take them off its list, and wait for them below instead.
+        watched = getattr(trainer.strategy.launcher, "procs", [])
+        started = list(watched)
+        watched.clear()
+        missing = None
+        if self.placement:
+            environment = trainer.strategy.cluster_environment
+            missing = ask_who_is_missing(
+                environment.main_address, environment.main_port, trainer.global_rank, trainer.world_size
+            )
+        for process in started:
+            try:
+                process.wait(timeout=ROLL_CALL_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        exception.add_note(explain(exception, trainer, self.timeout, self.placement, missing))
+
+
+def lost_contact(exception: BaseException) -> bool:
+    """Whether the job failed because processes could not reach each other (exit_codes.LOST_NODE)."""
+    message = str(exception).lower()
+    return isinstance(exception, DistError) or "gloo" in message or "nccl" in message
+
+
+# Answers come within a second of a loss; a busy machine may need several.
+ROLL_CALL_SECONDS = 15.0
+QUIET_SECONDS = 4.0
+
+
+def ask_who_is_missing(address: str, port: int, rank: int, world_size: int) -> list[int] | None:
+    """The global ranks that did not answer after the failure; None when the main node's store is gone too."""
+    try:
+        store = TCPStore(address, port, is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False)
+    except DistError:
+        return None
+    prefix = f"lost-contact/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # torchrun's store outlives restarts
+    try:
+        store.set(f"{prefix}/answer/{rank}", "here")
+        # This process no longer takes part: let the ones waiting on it fail now, and answer too.
+        dist.destroy_process_group()
+        if rank == 0:
+            missing = _collect_answers(store, prefix, world_size)
+            store.set(f"{prefix}/missing", json.dumps(missing))
+            _wait_until(lambda: _answered(store, f"{prefix}/read", world_size) >= world_size - len(missing), 5.0)
+            return missing
+        if _wait_until(lambda: store.check([f"{prefix}/missing"]), ROLL_CALL_SECONDS):
+            missing = json.loads(store.get(f"{prefix}/missing"))
+        else:
+            missing = _collect_answers(store, prefix, world_size)  # rank 0 was lost too, or is slow
+        store.set(f"{prefix}/read/{rank}", "")
+        return missing
+    except DistError:
+        return None
+
+
+def _collect_answers(store: TCPStore, prefix: str, world_size: int) -> list[int]:
+    """Wait until every process answered, or none has for QUIET_SECONDS; the ranks that did not."""
+    deadline, quiet_since, answered = time.monotonic() + ROLL_CALL_SECONDS, time.monotonic(), 0
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < QUIET_SECONDS:
+        now_answered = _answered(store, f"{prefix}/answer", world_size)
+        if now_answered == world_size:
+            break
+        if now_answered > answered:
+            answered, quiet_since = now_answered, time.monotonic()
+        time.sleep(0.2)
+    return [rank for rank in range(world_size) if not store.check([f"{prefix}/answer/{rank}"])]
+
+
+def _answered(store: TCPStore, prefix: str, world_size: int) -> int:
+    return sum(store.check([f"{prefix}/{rank}"]) for rank in range(world_size))
+
+
+def _wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 @dataclass(frozen=True)
@@ -66,18 +146,15 @@ class Placement:
     node_rank: int
     global_rank: int
     host: str
-    addresses: tuple[str, ...]
 
 
-def own_addresses() -> tuple[str, ...]:
-    """The addresses this machine's host name resolves to: the ones its peers connect to."""
-    try:
-        return tuple(sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}))
-    except socket.gaierror:
-        return ()
-
-
-def explain(exception: BaseException, trainer: Trainer, timeout: timedelta, placement: list[Placement]) -> str:
+def explain(
+    exception: BaseException,
+    trainer: Trainer,
+    timeout: timedelta,
+    placement: list[Placement],
+    missing: list[int] | None = None,
+) -> str:
     """One line for the end of the log: which processes or nodes are missing, and where they were awaited."""
     environment = getattr(trainer.strategy, "cluster_environment", None)
     main = f"{environment.main_address}:{environment.main_port}" if environment else "the main node"
@@ -91,20 +168,25 @@ def explain(exception: BaseException, trainer: Trainer, timeout: timedelta, plac
             f" {missing_nodes} of {expected // per_node} nodes did not arrive ({per_node} processes each)."
             " Check that every node was started and can reach that address."
         )
-    if isinstance(exception, DistError) and trainer.global_rank != 0 and "connect" in str(exception).lower():
+    if not placement and trainer.global_rank != 0 and "connect" in str(exception).lower():
         return f"error: could not reach the main node at {main} within {timeout}; is node 0 running?"
-    peer = re.search(r"peer \[([^\]]+)\]", str(exception))
-    lost = (peer and node_at(peer.group(1), placement, trainer.global_rank)) or "another node"
+    if missing is None:
+        lost = f"node 0 (the main node, {main}, which no longer answers)" if placement else "another node"
+    else:
+        lost = nodes_of(missing, placement) or "no process (all answered)"
     return (
         f"error: node {trainer.node_rank} (global rank {trainer.global_rank}) lost contact with the other processes"
         f" of the job ({type(exception).__name__}); {lost} probably died or was stopped: see its log."
     )
 
 
-def node_at(address: str, placement: list[Placement], own_rank: int) -> str | None:
-    """The node whose processes (other than this one) ran at `address`, when they were all on one node."""
-    others = [process for process in placement if address in process.addresses and process.global_rank != own_rank]
-    if len({process.node_rank for process in others}) != 1:
-        return None
-    ranks = ", ".join(str(process.global_rank) for process in others)
-    return f"node {others[0].node_rank} (host {others[0].host}, global ranks {ranks})"
+def nodes_of(ranks: list[int], placement: list[Placement]) -> str:
+    """The nodes these global ranks ran on, e.g. `node 1 (host test-1, global ranks 2, 3)`."""
+    by_node: dict[int, list[Placement]] = {}
+    for process in placement:
+        if process.global_rank in ranks:
+            by_node.setdefault(process.node_rank, []).append(process)
+    return " and ".join(
+        f"node {node} (host {processes[0].host}, global ranks {', '.join(str(p.global_rank) for p in processes)})"
+        for node, processes in sorted(by_node.items())
+    )

@@ -1,9 +1,12 @@
 """The model: a small CNN (`ConvNet`) and the LightningModule that trains it."""
 
+from typing import Annotated
+
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from pydantic import Field, PositiveInt
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -42,13 +45,14 @@ class MNISTClassifier(LightningModule):
     The optimizer and learning-rate scheduler are injected (see `configs/mnist.yaml`),
     so trying another one is a config change, not a code change. `compile: true` runs the
     network through `torch.compile`: faster steps on GPUs once the first steps have compiled it.
+    The types' limits (PositiveInt, a dropout in [0, 1]) are checked when the config is parsed.
     """
 
     def __init__(
         self,
-        channels: int = 32,
-        hidden: int = 128,
-        dropout: float = 0.25,
+        channels: PositiveInt = 32,
+        hidden: PositiveInt = 128,
+        dropout: Annotated[float, Field(ge=0, le=1)] = 0.25,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         scheduler: LRSchedulerCallable | None = None,
         compile: bool = False,

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningDataModule, Trainer
 from litdata import StreamingDataLoader, StreamingDataset
+from pydantic import NonNegativeInt, PositiveInt
 from torch import Tensor
 from torchvision.io import decode_png
 
@@ -96,7 +97,7 @@ class StreamingMNISTDataModule(LightningDataModule):
     """
 
     def __init__(
-        self, input_dir: str = "data/mnist-chunks", batch_size: int = 128, num_workers: int = 2,
+        self, input_dir: str = "data/mnist-chunks", batch_size: PositiveInt = 128, num_workers: NonNegativeInt = 2,
         max_cache_size: str = "10GB",
     ) -> None:  # fmt: skip
         super().__init__()

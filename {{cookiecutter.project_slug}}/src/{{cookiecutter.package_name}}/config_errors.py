@@ -1,0 +1,63 @@
+"""Bad settings in one line: what is wrong and where (the config file and the key), no usage text.
+
+jsonargparse prints about 60 lines of usage before its message, spreads the message over several
+lines, and says `<unicode string>` where a YAML file has a syntax error. `OneLineErrorParser` raises
+instead of printing, naming the config file a bad value came from; `one_line` turns the error into
+the line `main` prints. `--help` still prints the usage.
+"""
+
+import os
+import re
+
+from jsonargparse import ArgumentError, Namespace
+from lightning.pytorch.cli import LightningArgumentParser
+from pydantic import ValidationError
+from yaml import MarkedYAMLError
+
+PARSER_KEY = re.compile(r'^Parser key "([^"]+)":')
+CLASS_NAME = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")  # <class 'int'> -> int
+
+
+class OneLineErrorParser(LightningArgumentParser):
+    """LightningCLI's parser, raising `ArgumentError` on bad settings; errors in a config file name the file."""
+
+    def __init__(self, *args, exit_on_error: bool = False, **kwargs) -> None:
+        super().__init__(*args, exit_on_error=exit_on_error, **kwargs)
+
+    def parse_path(self, path: str | os.PathLike, *args, **kwargs) -> Namespace:
+        try:
+            config = super().parse_path(path, *args, **kwargs)
+            # Also checked on its own, so that an unknown key is reported with the file it is in.
+            self.validate(config, skip_required=True)
+        except (ArgumentError, KeyError, TypeError) as error:
+            raise ArgumentError(None, f"{path}: {one_line(error)}") from None
+        return config
+
+
+def one_line(error: BaseException) -> str:
+    """The key an error is about (if any) and its first cause, on one line.
+
+    jsonargparse wraps each reason in the key and the alternatives it tried: a bad `--data.batch_size`
+    is a reason under "batch_size" under "data" (the data module's class_path).
+    """
+    chain = [error]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    keys = dict.fromkeys(key[1] for cause in chain if (key := PARSER_KEY.match(str(cause))))
+    reason = _reason(chain[-1])
+    return f"{'.'.join(keys)}: {reason}" if keys else reason
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, MarkedYAMLError) and error.problem_mark is not None:
+        # Its own text names the file "<unicode string>": the file is added by `parse_path`.
+        mark, context = error.problem_mark, error.context_mark
+        reason = f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
+        return reason + (f" ({error.context} at line {context.line + 1})" if context is not None else "")
+    if isinstance(error, ValidationError):  # a limit in a signature, such as PositiveInt
+        problem = error.errors()[0]
+        return f"{problem['msg'].lower()}, got {problem['input']}"
+    message = PARSER_KEY.sub("", str(error))
+    if message.startswith("Unexpected config:"):  # the file is not a mapping: empty, a list or a lone value
+        return "holds no settings (a config maps keys such as trainer, model and data to values)"
+    return CLASS_NAME.sub(r"\1", " ".join(message.split()))
