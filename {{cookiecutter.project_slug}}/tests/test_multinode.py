@@ -160,3 +160,41 @@ def test_torchrun_refuses_a_different_device_count_in_one_line(mnist_dir, tmp_pa
         " leave trainer.devices at auto, the launcher sets it"
     ], result.stderr[-3000:]
     assert not (tmp_path / "reports").exists()
+
+
+def test_torchrun_inside_sing_nodes_forms_one_job_of_every_process(mnist_dir, tmp_path):
+    # The natural entry command on a SING node with several GPUs: torchrun wins over SING, as in Lightning.
+    port = free_port()
+    commands = [
+        torchrun_command(mnist_dir, tmp_path, "--nnodes", "2", "--node-rank", str(rank), "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test")
+        for rank in range(2)
+    ]  # fmt: skip
+    nodes = start_nodes(commands, node_envs("SING", port), tmp_path / "logs")
+    wait_for_job(nodes, tmp_path / "logs")
+    assert_one_job(tmp_path / "reports", num_nodes=2)
+    assert "[torchrun]" in (tmp_path / "logs" / "node0.log").read_text()
+
+
+def test_torchrun_on_one_node_of_a_two_node_sing_job_is_refused_in_one_line(mnist_dir, tmp_path):
+    command = torchrun_command(mnist_dir, tmp_path, "--standalone")
+    sing_node_0 = node_envs("SING", free_port())[0]
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env=sing_node_0, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "but this SING job has 2 (SING_WORLD_SIZE=2)" in errors[0], result.stderr[-3000:]
+    assert "--nnodes 2 --node-rank $SING_RANK --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:" in errors[0]
+    assert not (tmp_path / "reports").exists()
+
+
+def test_lightnings_manual_launch_on_two_nodes_of_two_processes(mnist_dir, tmp_path):
+    # Lightning's documented launch on a general-purpose cluster: these four variables on each node.
+    port = free_port()
+    envs = [clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK=str(rank))
+            for rank in range(2)]  # fmt: skip
+    command = node_level_command(mnist_dir, tmp_path)
+    nodes = start_nodes([command, command], envs, tmp_path / "logs")
+    wait_for_job(nodes, tmp_path / "logs")
+    assert_one_job(tmp_path / "reports", num_nodes=2)
+    node1_log = (tmp_path / "logs" / "node1.log").read_text()
+    assert "[Lightning] node_rank=1 local_rank=1 global_rank=3 world_size=4" in node1_log

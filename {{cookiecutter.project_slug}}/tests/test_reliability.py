@@ -360,5 +360,6 @@ def test_lost_processes_are_named_by_their_nodes():
     placement = [Placement(node_rank=rank // 2, global_rank=rank, host=f"test-{rank // 2}") for rank in range(4)]
     assert nodes_of([2, 3], placement) == "node 1 (host test-1, global ranks 2, 3)"
     assert nodes_of([1], placement) == "node 0 (host test-0, global ranks 1)"
-    assert nodes_of([0, 3], placement) == "node 0 (host test-0, global ranks 0) and node 1 (host test-1, global ranks 3)"
+    both = "node 0 (host test-0, global ranks 0) and node 1 (host test-1, global ranks 3)"
+    assert nodes_of([0, 3], placement) == both
     assert nodes_of([], placement) == ""
