@@ -81,10 +81,6 @@ def unknown_key_in_yaml(case: Case) -> tuple[list[str], list[str]]:
     return ["--config", str(config)], [str(config), "'hiden'"]
 
 
-def wrong_type(case: Case) -> tuple[list[str], list[str]]:
-    return ["--trainer.max_epochs", "three"], ["trainer.max_epochs", "three"]
-
-
 def wrong_type_in_yaml(case: Case) -> tuple[list[str], list[str]]:
     config = case.file("wrong-type.yaml", "trainer:\n  max_epochs: three\n")
     return ["--config", str(config)], [str(config), "trainer.max_epochs", "three"]
@@ -170,7 +166,7 @@ def checkpoint_of_another_network(case: Case) -> tuple[list[str], list[str]]:
 
 
 CHECKED_BEFORE_ANYTHING_STARTS = [
-    unknown_key, unknown_key_in_yaml, wrong_type, wrong_type_in_yaml, missing_config_file, unknown_class_path,
+    unknown_key, unknown_key_in_yaml, wrong_type_in_yaml, missing_config_file, unknown_class_path,
     unknown_class_path_in_yaml, yaml_syntax_error, empty_yaml, batch_size_zero, dropout_above_one,
 ]  # fmt: skip
 CHECKED_WHEN_THE_RUN_STARTS = [
