@@ -48,9 +48,7 @@ BAD_VARIABLES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("variables", "message"), BAD_VARIABLES.values(), ids=BAD_VARIABLES
-)
+@pytest.mark.parametrize(("variables", "message"), BAD_VARIABLES.values(), ids=BAD_VARIABLES)
 def test_a_bad_platform_variable_is_refused_at_once_naming_it(default_project, real_mnist, tmp_path, variables,
                                                                message):  # fmt: skip
     env = launch_environment(default_project, **variables)
@@ -66,9 +64,7 @@ def test_a_bad_platform_variable_is_refused_at_once_naming_it(default_project, r
     assert not (tmp_path / "run").exists(), "the run started"
 
 
-def start_two_nodes(
-    project: Path, data: Path, out: Path, envs: list[dict], devices: list[int]
-) -> list[Ending]:
+def start_two_nodes(project: Path, data: Path, out: Path, envs: list[dict], devices: list[int]) -> list[Ending]:
     """Two POD nodes as separate process trees; how each ended."""
     started = time.monotonic()
     nodes = [
@@ -101,22 +97,14 @@ def start_two_nodes(
             for other in nodes:
                 other.kill()
             pytest.fail("a node waited for the other until killed")
-        endings.append(
-            Ending(node.returncode, time.monotonic() - started, stdout, stderr)
-        )
+        endings.append(Ending(node.returncode, time.monotonic() - started, stdout, stderr))
     return endings
 
 
-def test_two_nodes_that_claim_one_rank_are_named_at_once(
-    default_project, real_mnist, tmp_path
-):
+def test_two_nodes_that_claim_one_rank_are_named_at_once(default_project, real_mnist, tmp_path):
     port = str(free_ports(1)[0])
-    env = launch_environment(
-        default_project, **POD, RANK="0", WORLD_SIZE="2", MASTER_PORT=port
-    )
-    endings = start_two_nodes(
-        default_project, real_mnist, tmp_path, [env, env], devices=[2, 2]
-    )
+    env = launch_environment(default_project, **POD, RANK="0", WORLD_SIZE="2", MASTER_PORT=port)
+    endings = start_two_nodes(default_project, real_mnist, tmp_path, [env, env], devices=[2, 2])
     for ending in endings:  # far sooner than the 60 s cluster.timeout after which it would fail as a lost node
         assert_refused(
             ending,
@@ -128,15 +116,11 @@ def test_two_nodes_that_claim_one_rank_are_named_at_once(
         assert "give each node its own RANK (0..1)" in ending.error_lines[0]
 
 
-def test_nodes_that_start_different_numbers_of_processes_are_named_at_once(
-    default_project, real_mnist, tmp_path
-):
+def test_nodes_that_start_different_numbers_of_processes_are_named_at_once(default_project, real_mnist, tmp_path):
     port = str(free_ports(1)[0])
     envs = [launch_environment(default_project, **POD, RANK=str(rank), WORLD_SIZE="2", MASTER_PORT=port)
             for rank in range(2)]  # fmt: skip
-    endings = start_two_nodes(
-        default_project, real_mnist, tmp_path, envs, devices=[2, 3]
-    )
+    endings = start_two_nodes(default_project, real_mnist, tmp_path, envs, devices=[2, 3])
     for ending in endings:
         assert_refused(
             ending,
@@ -145,10 +129,5 @@ def test_nodes_that_start_different_numbers_of_processes_are_named_at_once(
             within=45,
             first=False,
         )
-        assert (
-            "node 0 (" in ending.error_lines[0]
-            and ") 2, node 1 (" in ending.error_lines[0]
-        )
-        assert (
-            ending.error_lines[0].split(", node 1 (")[1].split(")")[1].startswith(" 3")
-        )
+        assert "node 0 (" in ending.error_lines[0] and ") 2, node 1 (" in ending.error_lines[0]
+        assert ending.error_lines[0].split(", node 1 (")[1].split(")")[1].startswith(" 3")
