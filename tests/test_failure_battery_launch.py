@@ -86,7 +86,7 @@ def start_two_nodes(project: Path, data: Path, out: Path, envs: list[dict], devi
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
-        )  # fmt: skip
+        )
         for index, (env, count) in enumerate(zip(envs, devices, strict=True))
     ]
     endings = []
