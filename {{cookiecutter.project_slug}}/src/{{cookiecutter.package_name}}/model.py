@@ -4,9 +4,10 @@ from typing import Annotated
 
 import torch
 import torch.nn.functional as F
+from annotated_types import Ge, Le
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from pydantic import Field, PositiveInt
+from pydantic import PositiveInt
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -52,7 +53,7 @@ class MNISTClassifier(LightningModule):
         self,
         channels: PositiveInt = 32,
         hidden: PositiveInt = 128,
-        dropout: Annotated[float, Field(ge=0, le=1)] = 0.25,
+        dropout: Annotated[float, Ge(0), Le(1)] = 0.25,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         scheduler: LRSchedulerCallable | None = None,
         compile: bool = False,
