@@ -34,8 +34,9 @@ from .host import apt_install
 TESTS = Path(__file__).resolve().parent
 REQUIREMENTS = TESTS.parent / "requirements-test.txt"
 BASE_DOCKERFILE = TESTS / "base_image" / "Dockerfile"
-PACKAGES = ("podman", "runc", "netavark", "aardvark-dns", "buildah", "mmdebstrap")
-PROGRAMS = ("podman", "runc", "mmdebstrap")
+# netavark, podman's network backend, runs iptables: without it every build and network fails.
+PACKAGES = ("podman", "runc", "netavark", "aardvark-dns", "iptables", "buildah", "mmdebstrap")
+PROGRAMS = ("podman", "runc", "iptables", "mmdebstrap")
 IMAGES = "localhost/lightning-template-tests"
 DEBIAN_IMAGE = f"{IMAGES}/debian:bookworm"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
