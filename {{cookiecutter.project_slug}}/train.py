@@ -3,7 +3,13 @@
 `python train.py --help` lists the subcommands; `python train.py fit --help` every option.
 """
 
-import gc
+from {{ cookiecutter.package_name }}.stopping import handle_stop_signals
+
+# First of all: SIGTERM and SIGINT stop the job from here on, during the imports below too, and also
+# as PID 1 in a container, where the kernel drops signals a process has no handler for (stopping.py).
+handle_stop_signals()
+
+import gc  # noqa: E402
 
 # Importing torch and Lightning creates several hundred thousand objects that live as long as the process.
 # The garbage collector would scan them over and over while they load (most of a second); frozen

@@ -33,3 +33,17 @@ class PaceSanityCheck(Callback):
             if trainer.is_global_zero:
                 self.marker.touch()
             time.sleep(self.seconds_per_batch)
+
+
+class PaceValidation(Callback):
+    """In validation after training steps, rank 0 creates the file `marker`; every process sleeps after each batch."""
+
+    def __init__(self, marker: str, seconds_per_batch: float = 1.0) -> None:
+        self.marker = Path(marker)
+        self.seconds_per_batch = seconds_per_batch
+
+    def on_validation_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if not trainer.sanity_checking:
+            if trainer.is_global_zero:
+                self.marker.touch()
+            time.sleep(self.seconds_per_batch)

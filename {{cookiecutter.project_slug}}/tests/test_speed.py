@@ -96,6 +96,6 @@ def test_matmul_precision_must_be_one_torch_knows():
 
 
 def test_lightning_still_has_the_per_step_sigterm_broadcast_that_preemption_switches_off():
-    # PreemptionCheckpoint replaces this method for each run (see its _take_over_sigterm). If a
+    # PreemptionCheckpoint replaces this method for each run (see its on_train_start). If a
     # Lightning release renames or drops it, that line is dead: remove it, or switch off the new one.
     assert callable(getattr(_TrainingEpochLoop, "_broadcast_sigterm_tensor", None))

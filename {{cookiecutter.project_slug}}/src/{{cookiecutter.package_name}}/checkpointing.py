@@ -7,7 +7,6 @@ the newest of `last.ckpt` and `preempted.ckpt` in the checkpoint directory.
 import os
 import pickle
 import random
-import signal
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,12 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import DummyLogger
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from . import stopping
 from .errors import ConfigError
-from .exit_codes import PREEMPTED
 
 PREEMPTED_WAIT_SECONDS = 60  # for the other processes of a node to stop after the checkpoint
 
@@ -70,46 +70,41 @@ def refusal_reason(error: pickle.UnpicklingError) -> str:
 
 
 class PreemptionCheckpoint(OnExceptionCheckpoint):
-    """On SIGTERM, every process stops at the same step, a resumable checkpoint is saved, and the job exits 143.
+    """On SIGTERM or SIGINT, every process stops at the same step, saves one checkpoint and exits 143 or 130.
 
-    Kubernetes, cloud platforms and Slurm send SIGTERM before they stop a job. A process that
-    receives it, from the sanity check on, only raises a flag. After every training step the
-    processes combine their flags (a max all-reduce that runs while the next step computes, and is
-    waited for after it), so they all stop at the same step, one step after the signal, and save
+    Kubernetes, cloud platforms and Slurm send SIGTERM before they stop a job; Ctrl-C sends SIGINT.
+    Once training has started, a process that receives one only notes it (stopping.py; before
+    training there is nothing to save and the process exits at once). After every training step the
+    processes combine what they noted (a max all-reduce that runs while the next step computes, and
+    is waited for after it), so they all stop at the same step, one step after the signal, and save
     one consistent checkpoint. At the end of an epoch they wait for the answer at once, so no
-    validation starts after a signal. The checkpoint is deleted once a later run finishes training.
+    validation starts after a signal. A signal during validation skips the rest of it: the weights
+    have not changed since the last step, the processes agree when validation ends, and the resumed
+    run goes on training without that validation's scores. The checkpoint is deleted once a later run
+    finishes training.
     """
 
     def __init__(self, dirpath: str | None = None, filename: str = "preempted") -> None:
         # dirpath None: the command line puts it in the run's checkpoints/ directory.
         super().__init__(dirpath or "checkpoints", filename)
-        self._signalled = False
         self._pending: tuple[Any, Tensor] | None = None  # the all-reduce in flight and its flag
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._signalled = False
         self._pending = None
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._take_over_sigterm(trainer)
+        # Lightning has just replaced the SIGTERM handler with its own, which broadcasts from rank 0
+        # inside the handler: a collective the other processes never join.
+        stopping.handle_stop_signals()
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._take_over_sigterm(trainer)  # again: the sanity check is skipped with num_sanity_val_steps 0
-
-    def _take_over_sigterm(self, trainer: Trainer) -> None:
-        # Replaces the SIGTERM handler Lightning installs just before the sanity check, which
-        # stops only the process signalled and exits 0; Lightning restores the previous handlers
-        # when fit ends.
-        def flag(signum: int, frame: Any) -> None:
-            self._signalled = True
-            if trainer.strategy.launcher is not None:  # pass it on to the processes Lightning started
-                trainer.strategy.launcher.kill(signum)
+        def quiet_wandb() -> None:
             # Slurm signals every process of a task, wandb's service too, which then ends; a later
             # wandb call would fail the run before it stops and saves. It logs nothing more.
             loggers = trainer.loggers
             trainer.loggers = [DummyLogger() if isinstance(logger, WandbLogger) else logger for logger in loggers]
 
-        signal.signal(signal.SIGTERM, flag)
+        stopping.save_before_stopping(on_signal=quiet_wandb)
         # Lightning also broadcasts its handler's flag from rank 0 before every training step and
         # waits for it. With its handler replaced that flag is never set, and the broadcast only
         # costs a synchronisation per step: 4-8% of the 2-process CPU throughput (bench/ in the
@@ -117,41 +112,65 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
-        if self._pending is not None and self._agreed_to_stop():
-            self._stop(trainer)
+        if self._pending is not None:
+            self._stop_if_agreed(trainer)
         self._share_flag(trainer.strategy.root_device)
-        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and self._agreed_to_stop():
-            self._stop(trainer)
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            self._stop_if_agreed(trainer)
+
+    def on_validation_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if _validating_while_training(trainer) and stopping.stop_requested():
+            raise StopIteration  # ends the validation loop: the rest of it is skipped
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Before the scores are computed. Processes may skip different parts of validation, so they
+        # agree here, where each arrives once, and not after every validation batch.
+        if _validating_while_training(trainer):
+            if self._pending is not None:
+                self._stop_if_agreed(trainer)
+            self._share_flag(trainer.strategy.root_device)
+            self._stop_if_agreed(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        stopping.stop_at_once()
 
     def _share_flag(self, device: torch.device) -> None:
-        flag = torch.tensor([int(self._signalled)], device=device)
+        flag = torch.tensor([stopping.stop_requested()], device=device)
         distributed = dist.is_available() and dist.is_initialized()
         work = dist.all_reduce(flag, dist.ReduceOp.MAX, async_op=True) if distributed else None
         self._pending = (work, flag)
 
-    def _agreed_to_stop(self) -> bool:
+    def _stop_if_agreed(self, trainer: Trainer) -> None:
         work, flag = self._pending
         self._pending = None
         if work is not None:
             work.wait()
-        return bool(flag.item())
+        status = int(flag.item())  # the exit status asked for: the highest of all processes, 0 to go on
+        if status:
+            self._stop(trainer, status)
 
-    def _stop(self, trainer: Trainer) -> None:
+    def _stop(self, trainer: Trainer, status: int) -> None:
         trainer.save_checkpoint(self.ckpt_path)
-        rank_zero_info(f"SIGTERM: saved {self.ckpt_path} at step {trainer.global_step}; exiting")
+        rank_zero_info(
+            f"{stopping.SIGNAL_NAME[status]}: saved {self.ckpt_path} at step {trainer.global_step}; exiting ({status})"
+        )
         # The node's first process ends last, so the platform sees the node finished when it exits.
         # The processes Lightning started leave its watch list first: its watcher SIGKILLs the whole
-        # node as soon as one of them exits non-zero, and here each exits 143.
+        # node as soon as one of them exits non-zero, and here each exits 143 or 130.
         started = getattr(trainer.strategy.launcher, "procs", [])
         children = list(started)
         started.clear()
         for process in children:
             process.wait(timeout=PREEMPTED_WAIT_SECONDS)
-        raise SystemExit(PREEMPTED)
+        raise SystemExit(status)
 
     def on_exception(self, trainer: Trainer, *args: Any) -> None:
         # Only a coordinated stop saves: after a crash the other processes may never join a save.
-        pass
+        stopping.stop_at_once()
+
+
+def _validating_while_training(trainer: Trainer) -> bool:
+    return trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
 
 
 class RNGStateCheckpoint(Callback):

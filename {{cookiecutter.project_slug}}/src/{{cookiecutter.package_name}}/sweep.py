@@ -7,6 +7,8 @@ them for `grid` and `random` sweeps (`bayes` needs the server's record of earlie
 at random), each run gets its own `trainer.default_root_dir` (`<root>/<n>`), and the sweep's metric is
 read from each run's `last.ckpt`: the best score of the checkpoint callback that monitors it.
 Options after `--` go to every run, before the swept values, e.g. `-- --trainer.max_epochs 1`.
+A SIGTERM or Ctrl-C stops the running trial as it stops train.py (a checkpoint, exit 143 or 130), then
+the sweep, with the same status.
 """
 
 import argparse
@@ -15,6 +17,7 @@ import math
 import pickle
 import random
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +25,8 @@ from typing import Any, NamedTuple
 
 import torch
 import yaml
+
+from .stopping import EXIT_STATUS
 
 Params = dict[str, Any]
 
@@ -127,23 +132,53 @@ class Run(NamedTuple):
     score: float | None
 
 
-def run_sweep(sweep: dict, runs: list[Params], root: Path, extra: list[str]) -> list[Run]:
-    """Run the sweep's command once per parameter set, one after another; a failed run does not stop the rest."""
+class PassStopSignalsOn:
+    """While the sweep runs, SIGTERM and SIGINT go on to the running trial, which saves and exits, and end the sweep."""
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self.trial: subprocess.Popen | None = None
+
+    def __enter__(self) -> "PassStopSignalsOn":
+        self.previous = {signum: signal.signal(signum, self._pass_on) for signum in EXIT_STATUS}
+        return self
+
+    def __exit__(self, *exception: object) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def run(self, cmd: list[str]) -> int:
+        """Run a trial to its end (a trial stopped by a signal saves first) and return its exit status."""
+        self.trial = subprocess.Popen(cmd)
+        if self.received:  # came while it started
+            self.trial.send_signal(self.received)
+        return self.trial.wait()
+
+    def _pass_on(self, signum: int, frame: object) -> None:
+        self.received = signal.Signals(signum)
+        if self.trial is not None and self.trial.poll() is None:
+            self.trial.send_signal(signum)
+
+
+def run_sweep(sweep: dict, runs: list[Params], root: Path, extra: list[str]) -> tuple[list[Run], signal.Signals | None]:
+    """Run the sweep's command once per parameter set, one after another; a failed run does not stop the rest.
+
+    Returns the runs done and the signal that stopped the sweep, if one did.
+    """
     metric = sweep.get("metric", {}).get("name")
     first = next_run_number(root)
     done = []
-    for index, params in enumerate(runs):
-        run_dir = root / str(first + index)
-        cmd = command(sweep, params, run_dir, extra)
-        print(f"[sweep {index + 1}/{len(runs)}] {shlex.join(cmd)}", flush=True)
-        try:
-            returncode = subprocess.run(cmd).returncode
-        except KeyboardInterrupt:  # Ctrl-C stops the sweep; the finished runs are still reported
-            print("sweep interrupted", flush=True)
-            break
-        score = best_score(run_dir, metric) if metric and returncode == 0 else None
-        done.append(Run(run_dir, params, returncode, score))
-    return done
+    with PassStopSignalsOn() as signals:
+        for index, params in enumerate(runs):
+            if signals.received:
+                break
+            run_dir = root / str(first + index)
+            cmd = command(sweep, params, run_dir, extra)
+            print(f"[sweep {index + 1}/{len(runs)}] {shlex.join(cmd)}", flush=True)
+            returncode = signals.run(cmd)
+            score = best_score(run_dir, metric) if metric and returncode == 0 else None
+            done.append(Run(run_dir, params, returncode, score))
+    return done, signals.received
 
 
 def report(runs: list[Run], metric: dict) -> None:
@@ -180,8 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         command(sweep, runs[0] if runs else {}, options.root, extra)  # refuse an unsupported command before any run
     except ValueError as error:
         parser.error(str(error))
-    done = run_sweep(sweep, runs, options.root, extra)
+    done, stopped_by = run_sweep(sweep, runs, options.root, extra)
     report(done, sweep.get("metric", {}))
+    if stopped_by:
+        print(f"sweep stopped by {stopped_by.name}", flush=True)
+        return EXIT_STATUS[stopped_by]
     return 1 if len(done) < len(runs) or any(run.returncode for run in done) else 0
 
 
