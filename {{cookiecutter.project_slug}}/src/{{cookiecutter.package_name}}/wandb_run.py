@@ -1,14 +1,92 @@
 """How the wandb logger runs: online when it can, offline otherwise, and the same run across restarts."""
 
+import base64
+import json
 import os
 import secrets
-import socket
+import urllib.error
+import urllib.request
 from netrc import NetrcParseError, netrc
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+import lightning.pytorch.loggers
 from jsonargparse import Namespace
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from typing_extensions import override
+
+if TYPE_CHECKING:
+    from wandb.sdk.lib import RunDisabled
+    from wandb.wandb_run import Run
+
+
+class WandbLogger(lightning.pytorch.loggers.WandbLogger):
+    """Lightning's WandbLogger, except that a wandb server that fails never stops training.
+
+    wandb itself waits 90 s for a server to take a new run, then raises and the run ends; at the end it
+    waits for every upload, however long. This logger says once what went wrong and how to upload the
+    run later (`wandb sync`), and trains on.
+
+    Args:
+        init_timeout: Seconds to wait for the server to take the run; then it logs offline, same run id.
+        finish_timeout: Seconds to wait for uploads at the end; what is left stays on disk. 0: no limit.
+        **kwargs: The arguments of Lightning's WandbLogger and of `wandb.init`. Wandb `settings`, when
+            given, are used instead of the two waits above.
+    """
+
+    def __init__(self, init_timeout: float = 20.0, finish_timeout: float = 20.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self._wandb_init.get("settings") is None:
+            # finish_timeout_raises: how `finalize` learns that the uploads were cut short.
+            waits = {"init_timeout": init_timeout, "finish_timeout": finish_timeout, "finish_timeout_raises": True}
+            self._wandb_init["settings"] = waits
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> "Run | RunDisabled":
+        import wandb
+
+        try:
+            return super().experiment
+        except (wandb.Error, TimeoutError) as error:  # TimeoutError: wandb's own wait on its service
+            wandb.teardown()  # its service still holds the failed run's id
+            self._wandb_init["mode"] = "offline"
+            run = super().experiment
+            rank_zero_info(
+                f"wandb: {_server_url()} failed ({_first_line(error)}), so this run logs offline to"
+                f" {self.save_dir}/wandb. Upload it later with: wandb sync {Path(run.dir).parent}"
+            )
+            return run
+
+    @override
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        super().finalize(status)  # uploads checkpoints first when `log_model` asks for them
+        if self._experiment is None:
+            return
+        # Finished here rather than when Python exits, to tell whether the server took everything;
+        # a later use of the logger (`trainer.test` after `fit`) continues the same run.
+        run, self._experiment = self._experiment, None
+        self._wandb_init["id"] = self._id = run.id
+        try:
+            run.finish(exit_code=1 if status == "failed" else 0)
+        except TimeoutError:
+            run_dir = Path(run.dir).parent
+            rank_zero_info(
+                f"wandb: {_server_url()} did not take all of this run within {run.settings.finish_timeout:g} s;"
+                f" the rest is kept in {run_dir}. Upload it later with: wandb sync {run_dir}"
+            )
+
+
+def _server_url() -> str:
+    return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+
+
+def _first_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def keep_wandb_run_id(logger: Namespace, checkpoints: Path) -> None:
@@ -34,12 +112,10 @@ def choose_wandb_mode(save_dir: str) -> None:
     """Log online when there is an API key and the server answers; otherwise offline. Never fail."""
     if "WANDB_MODE" in os.environ:
         return
-    url = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
-    if not _has_wandb_key(url.hostname):
-        reason = "no wandb API key (set WANDB_API_KEY or run `wandb login`)"
-    elif not _reachable(url.hostname, url.port or (443 if url.scheme == "https" else 80)):
-        reason = f"{url.hostname} cannot be reached"
-    else:
+    url = _server_url()
+    key = _wandb_key(urlparse(url).hostname)
+    reason = _server_problem(url, key) if key else "no wandb API key (set WANDB_API_KEY or run `wandb login`)"
+    if reason is None:
         return
     os.environ["WANDB_MODE"] = "offline"
     rank_zero_info(
@@ -48,18 +124,37 @@ def choose_wandb_mode(save_dir: str) -> None:
     )
 
 
-def _has_wandb_key(host: str | None) -> bool:
+def _wandb_key(host: str | None) -> str | None:
+    """The API key from WANDB_API_KEY or, as `wandb login` leaves it, the netrc file."""
     if os.environ.get("WANDB_API_KEY"):
-        return True
+        return os.environ["WANDB_API_KEY"]
     try:
-        return netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
+        login = netrc(os.environ.get("NETRC")).authenticators(host or "")
     except (FileNotFoundError, NetrcParseError):
-        return False
+        return None
+    return login[2] if login else None
 
 
-def _reachable(host: str | None, port: int, timeout: float = 3.0) -> bool:
+def _server_problem(url: str, key: str, timeout: float = 5.0) -> str | None:
+    """What is wrong with the server, asked who the key belongs to as wandb asks first; None if it answered.
+
+    A server that fails this way would hold wandb for minutes and then end the run.
+    """
+    request = urllib.request.Request(
+        f"{url.rstrip('/')}/graphql",
+        data=json.dumps({"query": "query Viewer { viewer { id } }", "operationName": "Viewer"}).encode(),
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": "Basic " + base64.b64encode(f"api:{key}".encode()).decode(),
+        },
+    )
     try:
-        socket.create_connection((host, port), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
+        with urllib.request.urlopen(request, timeout=timeout):
+            return None
+    except urllib.error.HTTPError as error:
+        refused = " (the API key was refused)" if error.code in (401, 403) else ""
+        return f"{url} answered HTTP {error.code}{refused}"
+    except OSError as error:  # URLError too: no such host, connection refused, a timeout while connecting
+        if isinstance(error, TimeoutError) or isinstance(getattr(error, "reason", None), TimeoutError):
+            return f"{url} did not answer within {timeout:g} s"
+        return f"{url} cannot be reached ({getattr(error, 'reason', error)})"
