@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
-from torch.distributed import DistError, TCPStore
+from torch.distributed import DistError
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,8 @@ class ExplainDistributedFailure(Callback):
         started = list(watched)
         watched.clear()
         missing = None
-        if self.placement:
-            environment = trainer.strategy.cluster_environment
-            missing = ask_who_is_missing(
-                environment.main_address, environment.main_port, trainer.global_rank, trainer.world_size
-            )
+        if self.placement and dist.is_initialized():
+            missing = ask_who_is_missing(trainer.global_rank, trainer.world_size)
         for process in started:
             try:
                 process.wait(timeout=ROLL_CALL_SECONDS)
@@ -87,12 +84,14 @@ ROLL_CALL_SECONDS = 15.0
 QUIET_SECONDS = 4.0
 
 
-def ask_who_is_missing(address: str, port: int, rank: int, world_size: int) -> list[int] | None:
-    """The global ranks that did not answer after the failure; None when the main node's store is gone too."""
-    try:
-        store = TCPStore(address, port, is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False)
-    except DistError:
-        return None
+def ask_who_is_missing(rank: int, world_size: int) -> list[int] | None:
+    """The global ranks that did not answer after the failure; None when the main node's store is gone too.
+
+    The answers go through the store the job formed with, over connections already open: after a
+    node is lost, a new connection may find the main node's name unresolvable for a while.
+    """
+    store = dist.distributed_c10d._get_default_store()  # torch has no public getter
+    store.set_timeout(timedelta(seconds=ROLL_CALL_SECONDS))  # not the job's timeout: the main node may be gone
     prefix = f"lost-contact/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # torchrun's store outlives restarts
     try:
         store.set(f"{prefix}/answer/{rank}", "here")
@@ -113,7 +112,7 @@ def ask_who_is_missing(address: str, port: int, rank: int, world_size: int) -> l
         return None
 
 
-def _collect_answers(store: TCPStore, prefix: str, world_size: int) -> list[int]:
+def _collect_answers(store: dist.Store, prefix: str, world_size: int) -> list[int]:
     """Wait until every process answered, or none has for QUIET_SECONDS; the ranks that did not."""
     deadline, quiet_since, answered = time.monotonic() + ROLL_CALL_SECONDS, time.monotonic(), 0
     while time.monotonic() < deadline and time.monotonic() - quiet_since < QUIET_SECONDS:
@@ -126,7 +125,7 @@ def _collect_answers(store: TCPStore, prefix: str, world_size: int) -> list[int]
     return [rank for rank in range(world_size) if not store.check([f"{prefix}/answer/{rank}"])]
 
 
-def _answered(store: TCPStore, prefix: str, world_size: int) -> int:
+def _answered(store: dist.Store, prefix: str, world_size: int) -> int:
     return sum(store.check([f"{prefix}/{rank}"]) for rank in range(world_size))
 
 
