@@ -173,7 +173,7 @@ class Runner:
         """The template's fit and the plain loop taking turns in the same processes (`interleaved.py`)."""
         out = self.work / f"{name}.json"
         settings = {
-            "out": str(out), "package": self.args.package, "config": "configs/mnist.yaml",
+            "out": str(out), "package": self.args.package, "config": "configs/experiment.yaml",
             "data_dir": str(self.data_dir), "warmup": self.args.warmup, "steps": self.args.steps,
             "turn": self.args.turn, "precision": precision, "batch_size": self.args.batch_size,
         }  # fmt: skip
@@ -186,7 +186,7 @@ class Runner:
         """Run `train.py fit` with the default config and one more callback; when it was started."""
         callback_config = json.dumps({"class_path": callback, "init_args": init_args})
         command = [
-            sys.executable, "train.py", "fit", "--config", "configs/mnist.yaml",
+            sys.executable, "train.py", "fit", "--config", "configs/experiment.yaml",
             "--data.data_dir", str(self.data_dir), "--data.download", "false",
             "--trainer.accelerator", self.accelerator, "--trainer.devices", str(case.processes),
             "--trainer.max_steps", str(self.args.warmup + self.args.steps), "--trainer.max_epochs", "-1",
@@ -201,7 +201,7 @@ class Runner:
         out = self.work / f"{name}.json"
         command = [
             sys.executable, str(BENCH / "reference.py"), "--package", self.args.package,
-            "--config", "configs/mnist.yaml", "--data-dir", str(self.data_dir), "--out", str(out),
+            "--config", "configs/experiment.yaml", "--data-dir", str(self.data_dir), "--out", str(out),
             "--warmup", str(self.args.warmup), "--steps", str(self.args.steps),
             "--accelerator", self.accelerator, "--precision", precision,
             *self._batch_size_option("--batch-size"),
@@ -234,7 +234,7 @@ class Runner:
             source = ["--chunks", str(self.chunks()), "--workers", str(streaming_workers)]
         command = [
             sys.executable, str(BENCH / "loader.py"), "--package", self.args.package,
-            "--config", "configs/mnist.yaml", *source,
+            "--config", "configs/experiment.yaml", *source,
             "--out", str(out), "--seconds", str(self.args.loader_seconds), *self._batch_size_option("--batch-size"),
         ]  # fmt: skip
         self._run(name, command, self.env)
@@ -569,7 +569,7 @@ def main(argv: list[str] | None = None) -> dict:
     from importlib import import_module
 
     precision = import_module(f"{args.package}.speed").default_precision(accelerator)
-    config = yaml.safe_load((project / "configs" / "mnist.yaml").read_text())
+    config = yaml.safe_load((project / "configs" / "experiment.yaml").read_text())
     batch_size = args.batch_size or config["data"]["init_args"]["batch_size"]
     runner = Runner(args, project, data_dir, accelerator)
     started = time.monotonic()

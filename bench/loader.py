@@ -6,7 +6,7 @@ In memory (default): the DataModule built from the config's `data:` section. Str
 `on_after_batch_transfer` (the per-batch normalisation), as in training, so this is the whole
 data path a training step waits for.
 
-    python bench/loader.py --package PACKAGE --config PROJECT/configs/mnist.yaml --data-dir DATA --out result.json
+    python bench/loader.py --package PACKAGE --config PROJECT/configs/experiment.yaml --data-dir DATA --out result.json
     python bench/loader.py --package PACKAGE --config ... --chunks CHUNKS --workers 2 --out result.json
 """
 
@@ -22,7 +22,7 @@ import yaml
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--package", required=True, help="the generated project's package (on PYTHONPATH)")
-    parser.add_argument("--config", required=True, help="the generated project's configs/mnist.yaml")
+    parser.add_argument("--config", required=True, help="the generated project's configs/experiment.yaml")
     parser.add_argument("--data-dir", help="MNIST for the in-memory DataModule")
     parser.add_argument("--chunks", help="chunks for the streaming DataModule instead")
     parser.add_argument("--workers", type=int, default=2, help="loader workers when streaming")

@@ -9,7 +9,7 @@ MASTER_ADDR and MASTER_PORT in the environment). It trains until the timed windo
 `PlainLoop` is that loop, one step at a time, so that `interleaved.py` can also run it in turns
 with the template's own steps inside the template's processes.
 
-    python bench/reference.py --config PROJECT/configs/mnist.yaml --data-dir DATA --out result.json
+    python bench/reference.py --config PROJECT/configs/experiment.yaml --data-dir DATA --out result.json
 """
 
 import argparse
@@ -34,7 +34,7 @@ from timing import StepClock, synchronize_on
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--package", required=True, help="the generated project's package (on PYTHONPATH)")
-    parser.add_argument("--config", required=True, help="the generated project's configs/mnist.yaml")
+    parser.add_argument("--config", required=True, help="the generated project's configs/experiment.yaml")
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--out", required=True, help="where global rank 0 writes the figures (JSON)")
     parser.add_argument("--warmup", type=int, default=10)
@@ -77,8 +77,8 @@ class PlainLoop:
             "torch.optim.lr_scheduler.StepLR",
         ):
             raise SystemExit("the reference loop implements AdamW + StepLR, the default config's choice")
-        ConvNet = importlib.import_module(f"{package}.model").ConvNet
-        data_module = importlib.import_module(f"{package}.data")
+        ConvNet = importlib.import_module(f"{package}.models.image_classifier").ConvNet
+        data_module = importlib.import_module(f"{package}.data.mnist")
         self.mean, self.std = data_module.MEAN, data_module.STD
 
         distributed = dist.is_initialized()

@@ -17,7 +17,7 @@ Created {slug}/. Next steps:
   cd {slug}
   python -m venv .venv && . .venv/bin/activate
   pip install -e ".[dev]"
-  python train.py fit --config configs/mnist.yaml
+  python train.py fit --config configs/experiment.yaml
   pytest
 
 README.md explains the configs, logging and how to launch on a cluster.

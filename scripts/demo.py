@@ -32,7 +32,7 @@ def generate(out_dir: Path) -> Path:
 def train_and_test(project: Path, data_dir: Path, run_dir: Path) -> float:
     """`fit` with the project's default config, then `test` the last checkpoint; the held-out accuracy."""
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, not a resumed one
-    common = ["--config", "configs/mnist.yaml", "--data.data_dir", str(data_dir), "--data.download", "false",
+    common = ["--config", "configs/experiment.yaml", "--data.data_dir", str(data_dir), "--data.download", "false",
               "--trainer.default_root_dir", str(run_dir)]  # fmt: skip
     train = [sys.executable, "train.py"]
     subprocess.run([*train, "fit", *common], cwd=project, check=True)

@@ -26,7 +26,7 @@ IMAGES, LABELS = "train-images-idx3-ubyte", "train-labels-idx1-ubyte"
 def fit(digits: Path, run_dir: Path, *more: str) -> list[str]:
     """The default experiment for two steps on CPU, reading `digits`, writing to `run_dir`."""
     return [
-        "fit", "--config", "configs/mnist.yaml",
+        "fit", "--config", "configs/experiment.yaml",
         "--trainer.accelerator", "cpu",
         "--trainer.max_epochs", "1",
         "--trainer.limit_train_batches", "2",

@@ -17,7 +17,7 @@ from .launch_runs import launch_environment, quick_cpu_run
 from .slurm_cluster import free_ports
 
 CONFIG_ERROR = 2
-EXPERIMENT = ["--config", "configs/mnist.yaml"]
+EXPERIMENT = ["--config", "configs/experiment.yaml"]
 POD = {
     "JOB_NAME": "test",
     "SVC_NAME": "test-service",

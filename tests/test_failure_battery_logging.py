@@ -30,7 +30,7 @@ def against(server: WandbServer, project: Path) -> dict[str, str]:
 
 
 def train(project: Path, server: WandbServer, digits: Path, out: Path, *more: str) -> Ending:
-    args = ["fit", "--config", "configs/mnist.yaml", *quick_cpu_run(digits, out), *more]
+    args = ["fit", "--config", "configs/experiment.yaml", *quick_cpu_run(digits, out), *more]
     return run_project(project, *args, env=against(server, project), timeout=WITHIN + 60)
 
 

@@ -37,7 +37,7 @@ def in_memory(digits: Path) -> list[str]:
 
 def fit(out: Path, data: list[str], *more: str) -> list[str]:
     """train.py's arguments: the default experiment on CPU, writing to `out`."""
-    return ["train.py", "fit", "--config", "configs/mnist.yaml", *data, *on_cpu(out), *more]
+    return ["train.py", "fit", "--config", "configs/experiment.yaml", *data, *on_cpu(out), *more]
 
 
 def start(project: Path, command: list[str], log: Path) -> subprocess.Popen:
@@ -133,7 +133,7 @@ def test_sigterm_during_validation_ends_in_seconds_with_a_checkpoint(default_pro
 def real_chunks(default_project, real_mnist, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("chunks") / "mnist-chunks"
     package = default_project.name.replace("-", "_")
-    command = [sys.executable, "-m", f"{package}.chunks", "--data-dir", str(real_mnist), "--out", str(out)]
+    command = [sys.executable, "-m", f"{package}.machinery.chunks", "--data-dir", str(real_mnist), "--out", str(out)]
     result = subprocess.run(command, cwd=default_project, env=launch_environment(default_project),
                             capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -147,7 +147,7 @@ def test_sigterm_to_every_process_with_loader_workers_saves_a_checkpoint(
     # Slurm's scancel and time limit signal every process of the job, the loader workers too.
     log, out, marker = tmp_path / "train.log", tmp_path / "run", tmp_path / "step-5"
     if data == "streamed":
-        data_args = ["--config", "configs/data/streaming.yaml", "--data.input_dir", str(real_chunks)]
+        data_args = ["--data", "configs/data/mnist_streaming.yaml", "--data.input_dir", str(real_chunks)]
     else:
         data_args = in_memory(real_mnist)
     args = fit(out, data_args, "--trainer.devices", "2", "--data.num_workers", "2", "--data.batch_size", "32",
@@ -189,7 +189,7 @@ def test_ctrl_c_saves_a_checkpoint_exits_130_and_the_same_command_resumes(defaul
 def test_a_sweep_preempted_early_exits_143_and_starts_no_more_trials(default_project, real_mnist, tmp_path, to):
     log, root = tmp_path / "sweep.log", tmp_path / "sweep"
     package = default_project.name.replace("-", "_")
-    command = ["-m", f"{package}.sweep", "configs/sweep.yaml", "--count", "2", "--root", str(root),
+    command = ["-m", f"{package}.machinery.sweep", "configs/sweep.yaml", "--count", "2", "--root", str(root),
                "--", *in_memory(real_mnist), *on_cpu(tmp_path / "unused"), "--trainer.max_epochs", "1"]  # fmt: skip
     run = start(default_project, command, log)
     wait_for(root / "0", run, log)  # the first trial has started

@@ -12,7 +12,7 @@ import yaml
 from .conftest import ANSWER_SETS
 
 EXPECTED_FILES = [
-    "README.md", "pyproject.toml", ".gitignore", "train.py", "configs/mnist.yaml", "tests/conftest.py",
+    "README.md", "pyproject.toml", ".gitignore", "train.py", "configs/experiment.yaml", "tests/conftest.py",
 ]  # fmt: skip
 LEFTOVER = re.compile(r"\{\{|\{%|cookiecutter", re.IGNORECASE)
 
@@ -79,9 +79,9 @@ def test_answers_with_quotes_and_backslashes_stay_data(projects):
 
 
 def test_answers_reach_the_config(projects):
-    config = yaml.safe_load((projects["quoted"] / "configs" / "mnist.yaml").read_text())
+    config = yaml.safe_load((projects["quoted"] / "configs" / "experiment.yaml").read_text())
     assert config["trainer"]["logger"]["init_args"]["entity"] == "my-team"
     assert config["trainer"]["logger"]["init_args"]["project"] == "jo-s-quoted-net"
-    config = yaml.safe_load((projects["minimal"] / "configs" / "mnist.yaml").read_text())
+    config = yaml.safe_load((projects["minimal"] / "configs" / "experiment.yaml").read_text())
     assert config["cluster"]["main_port"] == 31234
     assert config["trainer"]["logger"]["init_args"]["entity"] is None

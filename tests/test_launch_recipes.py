@@ -33,7 +33,7 @@ from .conftest import ANSWER_SETS, TEMPLATE
 from .launch_runs import TRAIN_STEPS, assert_one_process_group, launch_environment, quick_cpu_run, write_fake_mnist
 from .slurm_cluster import free_ports
 
-ENTRY_COMMAND = ["python", "train.py", "fit", "--config", "configs/mnist.yaml"]
+ENTRY_COMMAND = ["python", "train.py", "fit", "--config", "configs/experiment.yaml"]
 SHELL_SHEBANG = re.compile(r"#!\s*/(usr/)?bin/(env\s+)?(ba)?sh\b")
 
 
@@ -265,7 +265,7 @@ def load_manifests(project: Path) -> list[dict]:
 def project_cluster_module(project: Path, package: str):
     sys.path.insert(0, str(project / "src"))
     try:
-        return importlib.import_module(f"{package}.cluster")
+        return importlib.import_module(f"{package}.machinery.cluster")
     finally:
         sys.path.remove(str(project / "src"))
 

@@ -65,7 +65,7 @@ def change_template(repo: Path) -> str:
     new_config.parent.mkdir(parents=True, exist_ok=True)
     new_config.write_text(
         "# A longer run of {{ cookiecutter.project_name }}:\n"
-        f"#   python train.py fit --config configs/mnist.yaml --config {NEW_CONFIG}\n"
+        f"#   python train.py fit --config configs/experiment.yaml --config {NEW_CONFIG}\n"
         "trainer:\n"
         "  max_epochs: 20\n"
     )

@@ -50,7 +50,7 @@ def mnist_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def mnist_chunks(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The synthetic MNIST converted into chunks by the project's own command."""
     out = tmp_path_factory.mktemp("chunks") / "mnist-chunks"
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.chunks", "--data-dir", str(mnist_dir),
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.machinery.chunks", "--data-dir", str(mnist_dir),
                "--out", str(out), "--workers", "2"]  # fmt: skip
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -66,7 +66,7 @@ def free_port() -> int:
 def quick_run_args(data_dir: Path, run_dir: Path) -> list[str]:
     """`fit` on the small synthetic data in memory for a few steps, on CPU, with no logger service."""
     return [
-        "--config", str(PROJECT_ROOT / "configs" / "mnist.yaml"),
+        "--config", str(PROJECT_ROOT / "configs" / "experiment.yaml"),
         "--data.data_dir", str(data_dir),
         "--data.download", "false",
         "--data.batch_size", "32",
@@ -77,7 +77,7 @@ def quick_run_args(data_dir: Path, run_dir: Path) -> list[str]:
 def streaming_run_args(chunks_dir: Path, run_dir: Path) -> list[str]:
     """The same, streamed from chunks: 16 images a batch, so 2 processes x 2 workers share them evenly."""
     return [
-        "--config", str(PROJECT_ROOT / "configs" / "mnist.yaml"),
+        "--config", str(PROJECT_ROOT / "configs" / "experiment.yaml"),
         "--config", str(PROJECT_ROOT / "configs" / "data" / "streaming.yaml"),
         "--data.input_dir", str(chunks_dir),
         "--data.batch_size", "16",

@@ -76,6 +76,6 @@ def test_wrong_cluster_variable_stops_before_training(mnist_dir, tmp_path):
 
 
 def test_default_config_is_what_the_readme_says():
-    config = yaml.safe_load((PROJECT_ROOT / "configs" / "mnist.yaml").read_text())
+    config = yaml.safe_load((PROJECT_ROOT / "configs" / "experiment.yaml").read_text())
     assert config["ckpt_path"] == "last"
     assert config["trainer"]["logger"]["class_path"].endswith("WandbLogger")

@@ -10,18 +10,8 @@ import pytest
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from {{ cookiecutter.package_name }}.cli import devices_per_node, num_nodes
-from {{ cookiecutter.package_name }}.cluster import (
-    DEFAULT_MAIN_PORT,
-    MANUAL_NUM_NODES,
-    ClusterConfigError,
-    ClusterSettings,
-    PODEnvironment,
-    SINGEnvironment,
-    describe,
-    detect_platform,
-    wait_until_resolvable,
-)
+from {{ cookiecutter.package_name }}.machinery.cli import devices_per_node, num_nodes
+from {{ cookiecutter.package_name }}.machinery.cluster import DEFAULT_MAIN_PORT, MANUAL_NUM_NODES, ClusterConfigError, ClusterSettings, PODEnvironment, SINGEnvironment, describe, detect_platform, wait_until_resolvable
 
 from .conftest import clean_env, free_port
 
@@ -373,7 +363,7 @@ def test_validate_settings_checks_node_count_and_answers_the_roll_call(environ):
 ANSWER_ROLL_CALL = """
 import sys
 from datetime import timedelta
-from {{ cookiecutter.package_name }}.roll_call import roll_call
+from {{ cookiecutter.package_name }}.machinery.cluster.roll_call import roll_call
 port, node_rank, num_nodes, processes, seconds = map(int, sys.argv[1:])
 try:
     roll_call("127.0.0.1", port, node_rank, num_nodes, processes, "RANK", timedelta(seconds=seconds))
@@ -444,7 +434,7 @@ def test_describe_names_platform_node_and_main_address(environ):
 )
 def test_cluster_module_prints_the_setup(variables, expected, code):
     result = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}.cluster"],
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}.machinery.cluster"],
         env=clean_env(**variables),
         capture_output=True,
         text=True,

@@ -10,13 +10,13 @@ from .conftest import PROJECT_ROOT, quick_run_args, run_train
 
 def test_experiment_configs_compose_in_order(mnist_dir, tmp_path):
     printed = run_train(
-        "fit", "--config", "configs/mnist.yaml", "--config", "configs/exp/bigger.yaml", "--print_config"
+        "fit", "--config", "configs/experiment.yaml", "--config", "configs/exp/bigger.yaml", "--print_config"
     )
     assert printed.returncode == 0, printed.stderr[-3000:]
     config = yaml.safe_load(printed.stdout)
     assert config["model"]["channels"] == 64 and config["trainer"]["max_epochs"] == 10  # from bigger.yaml
     assert config["model"]["optimizer"]["init_args"] == {**config["model"]["optimizer"]["init_args"], "lr": 0.0005}
-    assert config["model"]["optimizer"]["init_args"]["weight_decay"] == 0.01  # kept from mnist.yaml
+    assert config["model"]["optimizer"]["init_args"]["weight_decay"] == 0.01  # kept from experiment.yaml
     assert config["seed_everything"] == 42
 
 

@@ -5,8 +5,8 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision.datasets import MNIST
 
-from {{ cookiecutter.package_name }}.data import MEAN, STD, InMemoryDataset, MNISTDataModule, already_batched
-from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.data.mnist import MEAN, STD, InMemoryDataset, MNISTDataModule, already_batched
+from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
 from .conftest import quick_run_args, run_train
 from .training_samples import recorded, sample_ids, training_images

@@ -7,8 +7,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch.optim.lr_scheduler import StepLR
 
-from {{ cookiecutter.package_name }}.data import MNISTDataModule
-from {{ cookiecutter.package_name }}.model import ConvNet, MNISTClassifier
+from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
+from {{ cookiecutter.package_name }}.models.image_classifier import ConvNet, MNISTClassifier
 
 from .conftest import fake_digits
 

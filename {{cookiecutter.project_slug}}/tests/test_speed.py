@@ -6,9 +6,9 @@ from jsonargparse import Namespace
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
 from {{ cookiecutter.package_name }} import speed
-from {{ cookiecutter.package_name }}.cli import ProjectCLI
-from {{ cookiecutter.package_name }}.data import MNISTDataModule
-from {{ cookiecutter.package_name }}.model import MNISTClassifier
+from {{ cookiecutter.package_name }}.machinery.cli import ProjectCLI
+from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
+from {{ cookiecutter.package_name }}.models.image_classifier import MNISTClassifier
 
 
 def pretend_gpu(monkeypatch, bf16: str | None = "native", capability: tuple[int, int] = (8, 0)) -> None:

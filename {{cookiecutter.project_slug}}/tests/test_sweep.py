@@ -9,14 +9,7 @@ import pytest
 import torch
 import yaml
 
-from {{ cookiecutter.package_name }}.sweep import (
-    best_score,
-    command,
-    distribution,
-    draw,
-    main,
-    next_run_number,
-)
+from {{ cookiecutter.package_name }}.machinery.sweep import best_score, command, distribution, draw, main, next_run_number
 
 from .conftest import PROJECT_ROOT, clean_env
 
@@ -89,7 +82,7 @@ def test_the_sweep_files_command_becomes_a_train_py_command():
     assert sweep["metric"] == {"name": "val/acc", "goal": "maximize"}
     params = {"model.dropout": 0.1, "data.batch_size": 64}
     cmd = command(sweep, params, Path("runs/sweep/7"), ["--trainer.max_epochs", "1"])
-    assert cmd[:5] == [sys.executable, "train.py", "fit", "--config", "configs/mnist.yaml"]
+    assert cmd[:5] == [sys.executable, "train.py", "fit", "--config", "configs/experiment.yaml"]
     # Options after `--` come before the swept values; this run's directory comes after the file's default.
     assert cmd[-5:] == [
         "--trainer.max_epochs", "1", "--trainer.default_root_dir=runs/sweep/7",
@@ -100,7 +93,7 @@ def test_the_sweep_files_command_becomes_a_train_py_command():
 
 def test_sweep_runs_go_to_the_wandb_project_of_the_default_experiment():
     sweep = yaml.safe_load(SWEEP_FILE.read_text())
-    logger = yaml.safe_load((PROJECT_ROOT / "configs" / "mnist.yaml").read_text())["trainer"]["logger"]
+    logger = yaml.safe_load((PROJECT_ROOT / "configs" / "experiment.yaml").read_text())["trainer"]["logger"]
     assert sweep["project"] == logger["init_args"]["project"]
     assert sweep.get("entity") == logger["init_args"].get("entity")
 

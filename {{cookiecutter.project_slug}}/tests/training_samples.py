@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from {{ cookiecutter.package_name }}.data import MNISTDataModule
+from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
 
 
 def sample_ids(images: torch.Tensor) -> list[str]:

@@ -24,4 +24,4 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."  # the project root, where train.py is
 exec python launch/torchrun/torchrun_with_status.py --nnodes="${NNODES}" --nproc-per-node="${NPROC_PER_NODE}" \
     --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id="${RDZV_ID}" \
     --max-restarts="${MAX_RESTARTS}" \
-    train.py fit --config configs/mnist.yaml "$@"
+    train.py fit --config configs/experiment.yaml "$@"

@@ -11,4 +11,4 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."  # the project root, where train.py is
 # trainer.devices: auto takes torchrun's processes per node (LOCAL_WORLD_SIZE). torchrun alone exits 1
 # whenever training fails; through torchrun_with_status.py it exits with the training's own status.
 exec python launch/torchrun/torchrun_with_status.py --standalone --nproc-per-node="${NPROC_PER_NODE}" \
-    train.py fit --config configs/mnist.yaml "$@"
+    train.py fit --config configs/experiment.yaml "$@"

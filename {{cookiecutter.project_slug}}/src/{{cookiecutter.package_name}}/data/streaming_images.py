@@ -1,7 +1,7 @@
 """MNIST streamed from litdata chunks: the data path for datasets bigger than memory.
 
-    python -m {{ cookiecutter.package_name }}.chunks --data-dir data --out data/mnist-chunks   # once
-    python train.py fit --config configs/mnist.yaml --config configs/data/streaming.yaml
+    python -m {{ cookiecutter.package_name }}.machinery.chunks --data-dir data --out data/mnist-chunks   # once
+    python train.py fit --config configs/experiment.yaml --data configs/data/mnist_streaming.yaml
 
 The chunks may lie in a local folder, on a shared file system or in an object store
 (`s3://...`, `gs://...`; litdata caches what it reads). Every process reads its own share of
@@ -23,9 +23,9 @@ from pydantic import NonNegativeInt, PositiveInt
 from torch import Tensor
 from torchvision.io import decode_png
 
-from .data import normalised
-from .errors import ConfigError
-from .resumable import batches_trained
+from ..machinery.errors import ConfigError
+from ..machinery.resumable import batches_trained
+from .mnist import normalised
 
 # litdata gives every loader worker its own share of the samples, so the length it reports is exact.
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
@@ -69,7 +69,7 @@ def check_chunks(folder: str) -> None:
     if "://" in folder:
         return
     path = Path(folder).resolve()
-    convert = "write it with: python -m {{ cookiecutter.package_name }}.chunks"
+    convert = "write it with: python -m {{ cookiecutter.package_name }}.machinery.chunks"
     if not path.is_dir():
         raise ConfigError(f"chunk folder {path} does not exist; {convert}")
     try:
@@ -95,6 +95,9 @@ class StreamingMNISTDataModule(LightningDataModule):
         num_workers: loader worker processes per training process; they read and decode.
         max_cache_size: how much of a remote dataset litdata keeps on local disk.
     """
+
+    in_channels = 1
+    num_classes = 10
 
     def __init__(
         self, input_dir: str = "data/mnist-chunks", batch_size: PositiveInt = 128, num_workers: NonNegativeInt = 2,

@@ -21,8 +21,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.datasets import MNIST
 
-from .errors import ConfigError
-from .resumable import ResumableDataLoader, ResumableSampler
+from ..machinery.errors import ConfigError
+from ..machinery.resumable import ResumableDataLoader, ResumableSampler
 
 MEAN, STD = 0.1307, 0.3081  # of the MNIST training images, scaled to [0, 1]
 RAW_FILES = {
@@ -91,6 +91,10 @@ class MNISTDataModule(LightningDataModule):
         on_device: hold the data on the training device (each process's GPU) and cut batches
             there. Each process holds a whole copy (about 50 MB for MNIST); needs `num_workers: 0`.
     """
+
+    # What the model needs to know about the samples (the command line passes them on to it).
+    in_channels = 1
+    num_classes = 10
 
     def __init__(
         self,

@@ -3,7 +3,7 @@
 - Mixed precision: when the config leaves `trainer.precision` out, a GPU that computes in
   bfloat16 natively (Ampere and newer) trains in `bf16-mixed`, anything else (the CPU too) in
   `32-true`. Set `trainer.precision` to choose yourself.
-- TF32: the `Float32MatmulPrecision` callback in `configs/mnist.yaml` lets float32 matrix
+- TF32: the `Float32MatmulPrecision` callback in `configs/experiment.yaml` lets float32 matrix
   multiplications use TF32 tensor cores on GPUs that have them. Remove it to keep full float32.
 """
 

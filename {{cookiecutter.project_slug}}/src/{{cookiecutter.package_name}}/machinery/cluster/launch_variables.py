@@ -7,8 +7,8 @@ imported, so train.py checks them with `exit_on_bad_rank_variables` first.
 import os
 import sys
 
-from .errors import ConfigError
-from .exit_codes import CONFIG_ERROR
+from ..errors import ConfigError
+from ..exit_codes import CONFIG_ERROR
 
 # What Lightning reads at import to know whether this process is rank 0.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")

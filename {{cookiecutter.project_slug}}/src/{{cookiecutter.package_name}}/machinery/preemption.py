@@ -1,21 +1,14 @@
-"""Checkpoints that survive preemption: atomic writes, a checkpoint on SIGTERM, and the RNG state.
+"""A checkpoint on SIGTERM: every process stops at the same step, checkpoints/preempted.ckpt, exit 143.
 
 A restarted job runs the same command again; `ckpt_path: last` in the config then resumes from
 the newest of `last.ckpt` and `preempted.ckpt` in the checkpoint directory.
 """
 
-import os
-import pickle
-import random
-import tempfile
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import DummyLogger
@@ -24,49 +17,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from . import stopping
-from .errors import ConfigError
 
 PREEMPTED_WAIT_SECONDS = 60  # for the other processes of a node to stop after the checkpoint
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write each checkpoint to a temporary file beside it, fsync, then rename it into place.
-
-    A reader (or a restarted job) sees the old file or the new one, never half of one, even on
-    network filesystems where Lightning's own save (via the system temp dir) is a plain copy.
-    Loading uses `weights_only=True` unless asked otherwise: a checkpoint cannot run code.
-    """
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as temporary:
-            try:
-                torch.save(checkpoint, temporary)
-                temporary.flush()
-                os.fsync(temporary.fileno())
-            except BaseException:
-                os.unlink(temporary.name)
-                raise
-        os.replace(temporary.name, path)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # make the rename itself durable
-        finally:
-            os.close(directory)
-
-    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> Any:
-        try:
-            return super().load_checkpoint(path, map_location, weights_only=weights_only is not False)
-        except pickle.UnpicklingError as error:
-            raise ConfigError(f"refused to load {path}: {refusal_reason(error)}") from None
-
-
-def refusal_reason(error: pickle.UnpicklingError) -> str:
-    """Why torch.load(weights_only=True) refused a file, in one line."""
-    blocked = [line.strip() for line in str(error).splitlines() if "GLOBAL" in line]
-    detail = blocked[0] if blocked else str(error).splitlines()[0]
-    return f"it holds objects other than tensors and plain data, which could run code ({detail})"
 
 
 class PreemptionCheckpoint(OnExceptionCheckpoint):
@@ -171,31 +123,3 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
 
 def _validating_while_training(trainer: Trainer) -> bool:
     return trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
-
-
-class RNGStateCheckpoint(Callback):
-    """Keep the random number generators' state in checkpoints, so a resumed run draws what it would have.
-
-    States are stored as tensors and lists: checkpoints must load with `weights_only=True`.
-    """
-
-    def state_dict(self) -> dict[str, Any]:
-        numpy_state = np.random.get_state()
-        version, internal, gauss_next = random.getstate()
-        state = {
-            "torch": torch.get_rng_state(),
-            "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].copy()), *numpy_state[2:]],
-            "python": [version, list(internal), gauss_next],
-        }
-        if torch.cuda.is_available():
-            state["cuda"] = torch.cuda.get_rng_state_all()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        torch.set_rng_state(state["torch"])
-        name, keys, *rest = state["numpy"]
-        np.random.set_state((name, keys.numpy(), *rest))
-        version, internal, gauss_next = state["python"]
-        random.setstate((version, tuple(internal), gauss_next))
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,6 +1,6 @@
 """Convert MNIST into litdata chunks for the streaming data path (streaming.py), once:
 
-    python -m {{ cookiecutter.package_name }}.chunks --data-dir data --out data/mnist-chunks
+    python -m {{ cookiecutter.package_name }}.machinery.chunks --data-dir data --out data/mnist-chunks
 
 Reads `<data-dir>/MNIST/raw/` as the in-memory path does, with its train/val split, and writes
 `train/`, `val/` and `test/` folders of chunks (files of many samples, each image PNG-encoded as
@@ -17,7 +17,7 @@ from litdata import optimize
 from torch import Tensor
 from torchvision.io import encode_png
 
-from .data import MNISTDataModule
+from ..data.mnist import MNISTDataModule
 from .errors import ConfigError
 from .exit_codes import CONFIG_ERROR
 

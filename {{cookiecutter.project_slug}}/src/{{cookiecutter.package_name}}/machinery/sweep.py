@@ -1,6 +1,6 @@
 """Run a wandb sweep file on this machine, one run after another, without a wandb server.
 
-    python -m {{ cookiecutter.package_name }}.sweep configs/sweep.yaml --count 8 [-- more train.py options]
+    python -m {{ cookiecutter.package_name }}.machinery.sweep configs/sweep.yaml --count 8 [-- more train.py options]
 
 The same file drives `wandb sweep` + `wandb agent`. Here the parameters are drawn the way wandb draws
 them for `grid` and `random` sweeps (`bayes` needs the server's record of earlier runs, so it is drawn

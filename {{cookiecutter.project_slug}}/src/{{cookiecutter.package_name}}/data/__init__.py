@@ -1,0 +1,1 @@
+"""The researcher's data: LightningDataModules chosen in configs/data/*.yaml."""

@@ -1,0 +1,155 @@
+"""The command line: LightningCLI, plus the cluster environment, node count, run directory and progress output.
+
+The model and the data module are chosen in the config (`model: class_path: ...`, `data: ...`),
+so this module never imports the researcher's code. Everything a run writes goes under
+`trainer.default_root_dir`: checkpoints in `checkpoints/`, the logger's files and `config.yaml`.
+"""
+
+import logging
+import os
+import sys
+import traceback
+from datetime import timedelta
+
+from jsonargparse import ArgumentError
+from lightning.fabric.plugins import CheckpointIO
+from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from .checkpoint_fit import RefuseCheckpointsThatDoNotFit
+from .checkpoint_io import AtomicCheckpointIO
+from .checkpoint_path import check_checkpoint_path
+from .cluster.node_level import NodeLevelEnvironment
+from .cluster.platforms import detect_platform, platform_of
+from .cluster.roll_call import NodesDidNotArrive
+from .cluster.settings import ClusterSettings
+from .config_errors import OneLineErrorParser, one_line
+from .diagnostics import ExplainDistributedFailure, LogProcessPlacement, lost_contact
+from .errors import ConfigError
+from .exit_codes import CONFIG_ERROR, LOST_NODE, PREEMPTED
+from .process_counts import devices_per_node, num_nodes
+from .progress import PlainProgress
+from .run_config import (
+    checkpoint_dir,
+    configured,
+    leave_out_what_cannot_run,
+    names_a_cluster_environment,
+    put_outputs_under_root_dir,
+    use_sweep_run_dir,
+)
+from .run_record import SaveRunRecord
+from .speed import use_fast_defaults
+from .stopping import stop_with_this_process
+from .wandb_run import choose_wandb_mode, keep_wandb_run_id
+
+
+class ProjectCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_class_arguments(ClusterSettings, "cluster")
+        # What the data module knows about its samples is not repeated in the model's config: a model
+        # with an argument of the same name gets the data module's value (others are left as they are).
+        for shared in ("in_channels", "num_classes"):
+            parser.link_arguments(f"data.{shared}", f"model.init_args.{shared}", apply_on="instantiate")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            config = self.config[subcommand]
+            # LightningCLI reads the checkpoint right after parsing: check it first.
+            check_checkpoint_path(config.get("ckpt_path"))
+            # Before anything logs (the seed is set next): which platform, and this process's rank on it.
+            self.platform = None if names_a_cluster_environment(config.trainer) else detect_platform(config.cluster)
+            if self.platform is not None and isinstance(self.platform.environment, NodeLevelEnvironment):
+                self.platform.environment.use_rank_before_launch()
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        leave_out_what_cannot_run(config)
+        use_sweep_run_dir(config.trainer)
+        put_outputs_under_root_dir(config.trainer)
+        use_fast_defaults(config.trainer)  # bf16-mixed on GPUs that support it, unless trainer.precision is set
+        for logger in configured(config.trainer.logger):
+            if logger.class_path.endswith(".WandbLogger"):
+                choose_wandb_mode(logger.init_args.save_dir)
+                if self.subcommand == "fit" and config.trainer.enable_checkpointing is not False:
+                    keep_wandb_run_id(logger, checkpoint_dir(config.trainer))
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        config = self.config_init[self.subcommand]
+        plugins = list(configured(config.trainer.plugins))
+        chosen = [plugin for plugin in plugins if isinstance(plugin, ClusterEnvironment)]
+        platform = platform_of(chosen[0]) if chosen else self.platform
+        if platform.environment is not None and not chosen:
+            plugins.append(platform.environment)
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            plugins.append(AtomicCheckpointIO())
+        use_timeout_for_ddp(config.cluster.timeout)
+        callbacks = [
+            *configured(config.trainer.callbacks),
+            LogProcessPlacement(platform.name),
+            ExplainDistributedFailure(config.cluster.timeout),
+            RefuseCheckpointsThatDoNotFit(),
+        ]
+        if config.trainer.enable_progress_bar is None and not sys.stdout.isatty():
+            # Output goes to a file (a cluster job): log lines instead of a redrawn bar.
+            kwargs["enable_progress_bar"] = False
+            callbacks.append(PlainProgress(config.trainer.log_every_n_steps or 50))
+        trainer = super().instantiate_trainer(
+            plugins=plugins,
+            num_nodes=num_nodes(config.trainer.num_nodes, platform),
+            devices=devices_per_node(config.trainer.devices, platform),
+            callbacks=callbacks,
+            **kwargs,
+        )
+        # The processes Lightning starts on this node stop with this one, whatever it is doing (stopping.py).
+        stop_with_this_process(lambda: getattr(trainer.strategy.launcher, "procs", []))
+        return trainer
+
+
+def use_timeout_for_ddp(timeout: timedelta) -> None:
+    # With several processes, strategy "auto" resolves to Lightning's registered "ddp" strategy;
+    # registering it with our timeout makes a lost or missing process fail the job in minutes.
+    StrategyRegistry.register(
+        "ddp", DDPStrategy, description="DDP with cluster.timeout", override=True, start_method="popen", timeout=timeout
+    )
+
+
+def _show_info_logs() -> None:
+    logger = logging.getLogger(__package__)
+    logger.setLevel(logging.INFO)
+    if not logger.handlers:
+        logger.addHandler(logging.StreamHandler())
+
+
+def main(args: list[str] | None = None) -> None:
+    _show_info_logs()
+    try:
+        ProjectCLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_callback=SaveRunRecord,
+            parser_class=OneLineErrorParser,  # bad settings raise ArgumentError: one line, usage only on --help
+            args=args,
+        )
+    except (ArgumentError, ConfigError) as error:
+        # Under torchrun and Slurm every process of a node finds the same error: the first one says it.
+        if os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":
+            print(f"error: {one_line(error)}", file=sys.stderr)
+        sys.exit(CONFIG_ERROR)
+    except NodesDidNotArrive as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(LOST_NODE)
+    except Exception as error:
+        if not lost_contact(error):
+            raise
+        traceback.print_exception(error)  # ends with the line naming the lost node
+        sys.exit(LOST_NODE)
+    except SIGTERMException:
+        # Lightning ends a process stopped by SIGTERM outside training with status 0: it did not finish.
+        sys.exit(PREEMPTED)

@@ -1,0 +1,1 @@
+"""Where the job runs: the platform's variables read and checked, and the ClusterEnvironment for Lightning."""

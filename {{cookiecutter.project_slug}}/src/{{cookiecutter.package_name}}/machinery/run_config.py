@@ -1,0 +1,99 @@
+"""The run's config made whole before anything is built: output directories, and what cannot run left out."""
+
+import importlib
+import os
+from pathlib import Path
+
+from jsonargparse import Namespace
+from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import Checkpoint, DeviceStatsMonitor, LearningRateMonitor
+from lightning.pytorch.utilities import rank_zero_info
+
+# Callbacks that write files: the argument naming their directory, and where it goes by default.
+OUTPUT_DIRS = {
+    ".ModelCheckpoint": ("dirpath", "checkpoints"),
+    ".PreemptionCheckpoint": ("dirpath", "checkpoints"),
+    ".PredictionWriter": ("output_dir", ""),
+}
+
+
+# Callbacks that Lightning refuses in a run without a logger.
+NEEDS_A_LOGGER = (LearningRateMonitor, DeviceStatsMonitor)
+
+
+def leave_out_what_cannot_run(config: Namespace) -> None:
+    """Leave out the callbacks that need what the run turned off, with one line per reason.
+
+    Lightning refuses a learning-rate monitor without a logger and checkpoint callbacks with
+    checkpointing off; `--trainer.logger false` or `--trainer.enable_checkpointing false` on the
+    default config then means "without those", not a traceback.
+    """
+    trainer = config.trainer
+    if trainer.logger is False or trainer.logger == []:
+        left_out = _leave_out(trainer, NEEDS_A_LOGGER)
+        if left_out:
+            rank_zero_info(f"trainer.logger is off: leaving out {left_out}")
+    if trainer.enable_checkpointing is False:
+        left_out = _leave_out(trainer, (Checkpoint,))
+        resumes = config.get("ckpt_path") == "last"
+        if resumes:
+            config.ckpt_path = None  # nothing this run writes could be resumed from
+        if left_out or resumes:
+            not_resuming = "; starting afresh instead of resuming (ckpt_path: last)" if resumes else ""
+            rank_zero_info(f"trainer.enable_checkpointing is false: leaving out {left_out or 'nothing'}{not_resuming}")
+
+
+def _leave_out(trainer: Namespace, kinds: tuple[type[Callback], ...]) -> str:
+    """Drop the configured callbacks of these kinds; their class names, or "" when there were none."""
+    kept, left_out = [], []
+    for callback in configured(trainer.callbacks):
+        (left_out if issubclass(class_of(callback.class_path), kinds) else kept).append(callback)
+    trainer.callbacks = kept
+    return ", ".join(dict.fromkeys(callback.class_path.rpartition(".")[2] for callback in left_out))
+
+
+def names_a_cluster_environment(trainer: Namespace) -> bool:
+    """Whether `trainer.plugins` in the config chooses the ClusterEnvironment itself."""
+    return any(
+        isinstance(plugin, Namespace) and issubclass(class_of(plugin.class_path), ClusterEnvironment)
+        for plugin in configured(trainer.plugins)
+    )
+
+
+def put_outputs_under_root_dir(trainer: Namespace) -> None:
+    """Point checkpoint callbacks and loggers that name no directory at `trainer.default_root_dir`."""
+    root = trainer.default_root_dir or os.getcwd()
+    for callback in configured(trainer.callbacks):
+        for suffix, (argument, subdir) in OUTPUT_DIRS.items():
+            if callback.class_path.endswith(suffix) and callback.init_args.get(argument) is None:
+                callback.init_args[argument] = os.path.join(root, subdir)
+    for logger in configured(trainer.logger):
+        if logger.init_args.get("save_dir") in (None, "."):
+            logger.init_args.save_dir = root
+
+
+def checkpoint_dir(trainer: Namespace) -> Path:
+    for callback in configured(trainer.callbacks):
+        if callback.class_path.endswith(".ModelCheckpoint"):
+            return Path(callback.init_args.dirpath)
+    return Path(trainer.default_root_dir or os.getcwd(), "checkpoints")
+
+
+def use_sweep_run_dir(trainer: Namespace) -> None:
+    """Under `wandb agent` every trial runs the same command: give each its own directory, named by its run id."""
+    run_id = os.environ.get("WANDB_RUN_ID")
+    if os.environ.get("WANDB_SWEEP_ID") and run_id:
+        trainer.default_root_dir = os.path.join(trainer.default_root_dir or os.getcwd(), run_id)
+
+
+def class_of(class_path: str) -> type:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def configured(value) -> list:
+    """A config entry that may be missing, a single item or a list, as a list."""
+    if value is None or isinstance(value, bool):
+        return []
+    return list(value) if isinstance(value, list) else [value]

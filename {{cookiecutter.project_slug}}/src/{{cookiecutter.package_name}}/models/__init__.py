@@ -1,0 +1,1 @@
+"""The researcher's models: LightningModules chosen in configs/model/*.yaml."""
