@@ -342,7 +342,7 @@ def test_no_secret_reaches_logs_configs_or_checkpoints(mnist_dir, tmp_path):
 
 def test_checkpoints_load_without_running_code(tmp_path):
     # What `--ckpt_path` relies on, checked directly: the atomic checkpoint IO loads with weights_only.
-    from {{ cookiecutter.package_name }}.checkpointing import AtomicCheckpointIO
+    from {{ cookiecutter.package_name }}.machinery.checkpoint_io import AtomicCheckpointIO
     from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
     proof = tmp_path / "code-ran"

@@ -15,7 +15,6 @@ import lightning.pytorch.loggers
 from jsonargparse import Namespace
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-from typing_extensions import override
 
 if TYPE_CHECKING:
     from wandb.sdk.lib import RunDisabled
@@ -60,7 +59,6 @@ class WandbLogger(lightning.pytorch.loggers.WandbLogger):
             )
             return run
 
-    @override
     @rank_zero_only
     def finalize(self, status: str) -> None:
         super().finalize(status)  # uploads checkpoints first when `log_model` asks for them
