@@ -11,6 +11,7 @@ from pydantic import PositiveInt
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
+
 class ConvNet(nn.Module):
     """Two conv blocks and a classifier head for images of any size; returns logits (B, num_classes)."""
 
