@@ -1,29 +1,74 @@
-"""The local sweep runner: it draws what the sweep file asks for and runs the sweep's own command."""
+"""The local sweep runner: Optuna draws what the sweep file asks for, and the sweep's own command runs each trial."""
 
 import math
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import optuna
 import pytest
 import torch
 import yaml
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from {{ cookiecutter.package_name }}.machinery.sweep import best_score, command, distribution, draw, main, next_run_number
+from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
+from {{ cookiecutter.package_name }}.machinery.exit_codes import CONFIG_ERROR, PREEMPTED
+from {{ cookiecutter.package_name }}.machinery.sweep import (
+    best_score,
+    command,
+    distribution_name,
+    main,
+    new_study,
+    next_run_number,
+    search_space,
+    trial_count,
+)
 
 from .conftest import PROJECT_ROOT, clean_env
 
 SWEEP_FILE = PROJECT_ROOT / "configs" / "sweep.yaml"
 
 
+def drawn(sweep: dict, count: int | None, seed: int | None = None) -> list[dict]:
+    """The parameters of a sweep's trials, as the sweep draws them (no trial's score is known)."""
+    space = search_space(sweep)
+    study = new_study(sweep, space, seed)
+    return [study.ask(space).params for _ in range(trial_count(study, count))]
+
+
 def test_distribution_is_inferred_as_wandb_infers_it():
-    assert distribution({"value": 3}) == "constant"
-    assert distribution({"values": [1, 2]}) == "categorical"
-    assert distribution({"min": 1, "max": 4}) == "int_uniform"
-    assert distribution({"min": 0.0, "max": 1}) == "uniform"
-    assert distribution({"distribution": "log_uniform_values", "min": 1e-4, "max": 1e-2}) == "log_uniform_values"
-    with pytest.raises(ValueError, match="cannot tell"):
-        distribution({"max": 1})
+    assert distribution_name({"value": 3}) == "constant"
+    assert distribution_name({"values": [1, 2]}) == "categorical"
+    assert distribution_name({"min": 1, "max": 4}) == "int_uniform"
+    assert distribution_name({"min": 0.0, "max": 1}) == "uniform"
+    assert distribution_name({"distribution": "log_uniform_values", "min": 1e-4, "max": 1e-2}) == "log_uniform_values"
+    with pytest.raises(ConfigError, match="cannot tell"):
+        distribution_name({"max": 1})
+
+
+def test_each_wandb_distribution_becomes_optunas():
+    parameters = {
+        "a": {"value": "fixed"},
+        "b": {"values": [32, 64]},
+        "c": {"distribution": "uniform", "min": 0.0, "max": 0.5},
+        "d": {"distribution": "q_uniform", "min": 0.0, "max": 1.0, "q": 0.25},
+        "e": {"min": 1, "max": 3},
+        "f": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1e-2},
+        "g": {"distribution": "log_uniform", "min": math.log(1e-5), "max": math.log(1e-3)},  # exponents
+    }
+    space = search_space({"parameters": parameters})
+    assert space == {
+        "a": CategoricalDistribution(["fixed"]),
+        "b": CategoricalDistribution([32, 64]),
+        "c": FloatDistribution(0.0, 0.5),
+        "d": FloatDistribution(0.0, 1.0, step=0.25),
+        "e": IntDistribution(1, 3),
+        "f": FloatDistribution(1e-4, 1e-2, log=True),
+        "g": FloatDistribution(space["g"].low, space["g"].high, log=True),
+    }
+    assert (space["g"].low, space["g"].high) == (pytest.approx(1e-5), pytest.approx(1e-3))
 
 
 def test_random_draws_follow_each_distribution_and_repeat_with_a_seed():
@@ -31,50 +76,72 @@ def test_random_draws_follow_each_distribution_and_repeat_with_a_seed():
         "method": "random",
         "parameters": {
             "lr": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1e-2},
+            "dropout": {"distribution": "q_uniform", "min": 0.0, "max": 0.5, "q": 0.1},
             "layers": {"min": 1, "max": 3},
             "batch": {"values": [32, 64]},
             "name": {"value": "fixed"},
         },
     }
-    runs = draw(sweep, count=2000, seed=0)
-    assert runs == draw(sweep, count=2000, seed=0)
+    runs = drawn(sweep, count=1000, seed=0)
+    assert runs == drawn(sweep, count=1000, seed=0)
+    assert runs != drawn(sweep, count=1000, seed=1)
     lrs = [run["lr"] for run in runs]
     assert min(lrs) >= 1e-4 and max(lrs) <= 1e-2
     # Log-uniform: half the draws below the geometric midpoint 1e-3 (a plain uniform would put 9% there).
-    assert abs(sum(lr < 1e-3 for lr in lrs) / len(lrs) - 0.5) < 0.05
+    assert abs(sum(lr < 1e-3 for lr in lrs) / len(lrs) - 0.5) < 0.06
+    assert {round(run["dropout"], 6) for run in runs} == {0.0, 0.1, 0.2, 0.3, 0.4, 0.5}
     assert {run["layers"] for run in runs} == {1, 2, 3}
     assert {run["batch"] for run in runs} == {32, 64}
     assert {run["name"] for run in runs} == {"fixed"}
 
 
-def test_categorical_probabilities_and_log_uniform_exponents():
-    sweep = {
-        "parameters": {
-            "optimizer": {"values": ["adam", "sgd"], "probabilities": [0.9, 0.1]},
-            "wd": {"distribution": "log_uniform", "min": math.log(1e-5), "max": math.log(1e-3)},
-        }
-    }
-    runs = draw(sweep, count=1000, seed=1)
-    assert 0.85 < sum(run["optimizer"] == "adam" for run in runs) / len(runs) < 0.95
-    assert all(1e-5 <= run["wd"] <= 1e-3 for run in runs)
-
-
 def test_grid_runs_every_combination_in_order():
     sweep = {"method": "grid", "parameters": {"a": {"values": [1, 2]}, "b": {"values": ["x", "y"]}, "c": {"value": 0}}}
     expected = [{"a": a, "b": b, "c": 0} for a in (1, 2) for b in ("x", "y")]
-    assert draw(sweep, count=None) == expected
-    assert draw(sweep, count=3) == expected[:3]
+    assert drawn(sweep, count=None) == expected
+    assert drawn(sweep, count=3) == expected[:3]
+    assert drawn(sweep, count=10) == expected
 
 
-def test_sweeps_that_cannot_be_run_locally_are_refused():
-    with pytest.raises(ValueError, match="grid needs"):
-        draw({"method": "grid", "parameters": {"lr": {"min": 0.1, "max": 1.0}}}, count=2)
-    with pytest.raises(ValueError, match="give --count"):
-        draw({"method": "random", "parameters": {"lr": {"min": 0.1, "max": 1.0}}}, count=None)
-    with pytest.raises(ValueError, match="not supported"):
-        draw({"parameters": {"lr": {"distribution": "beta", "a": 1, "b": 2}}}, count=1)
-    with pytest.raises(ValueError, match="not supported"):
-        command({"program": "train.py", "command": ["${args_json_file}"]}, {}, Path("run"), [])
+def test_bayes_learns_from_the_scores_towards_the_metrics_goal():
+    sweep = {"method": "bayes", "metric": {"goal": "maximize"}, "parameters": {"x": {"min": 0.0, "max": 1.0}}}
+    space = search_space(sweep)
+    study = new_study(sweep, space, seed=0)
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE
+    for _ in range(40):
+        trial = study.ask(space)
+        study.tell(trial, trial.params["x"])  # the higher x, the better
+    later = [trial.params["x"] for trial in study.trials[20:]]
+    assert sum(later) / len(later) > 0.7, "random draws would average 0.5"
+
+
+@pytest.mark.parametrize(
+    ("method", "parameter", "count", "message"),
+    [
+        ("grid", {"min": 0.1, "max": 1.0}, 2, "grid needs"),
+        ("random", {"min": 0.1, "max": 1.0}, None, "give --count"),
+        ("random", {"distribution": "normal", "mu": 0, "sigma": 1}, 1, "cannot draw 'normal'"),
+        ("random", {"values": ["a", "b"], "probabilities": [0.9, 0.1]}, 1, "probabilities"),
+        ("random", {"distribution": "uniform", "max": 1.0}, 1, "p: cannot draw from"),
+        ("random", {"min": 1.0, "max": 0.1}, 1, "p: cannot draw from"),
+        ("hyperband", {"value": 1}, 1, "method 'hyperband' is not supported"),
+    ],
+)
+def test_sweeps_that_cannot_be_run_locally_are_refused(method, parameter, count, message):
+    with pytest.raises(ConfigError, match=message):
+        drawn({"method": method, "parameters": {"p": parameter}}, count)
+
+
+def test_a_refused_sweep_file_is_one_error_line_and_exit_2(tmp_path, capfd):
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep = {"program": "train.py", "method": "random", "parameters": {"lr": {"distribution": "beta", "a": 1}}}
+    sweep_file.write_text(yaml.safe_dump(sweep))
+    assert main([str(sweep_file), "--count", "1", "--root", str(tmp_path / "runs")]) == CONFIG_ERROR
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {sweep_file}: lr: the local sweep cannot draw 'beta'")
+    assert main([str(tmp_path / "missing.yaml"), "--count", "1"]) == CONFIG_ERROR
+    assert capfd.readouterr().err.startswith("error: ")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_the_sweep_files_command_becomes_a_train_py_command():
@@ -89,6 +156,8 @@ def test_the_sweep_files_command_becomes_a_train_py_command():
         "--model.dropout=0.1", "--data.batch_size=64",
     ]  # fmt: skip
     assert cmd.index("--trainer.default_root_dir=runs/sweep") < cmd.index("--trainer.default_root_dir=runs/sweep/7")
+    with pytest.raises(ConfigError, match="not supported"):
+        command({"program": "train.py", "command": ["${args_json_file}"]}, {}, Path("run"), [])
 
 
 def test_sweep_runs_go_to_the_wandb_project_of_the_default_experiment():
@@ -117,27 +186,73 @@ def test_best_score_reads_the_callback_that_monitors_the_metric(tmp_path):
     assert best_score(tmp_path, "train/acc") is None
 
 
-def test_failed_runs_are_reported_and_the_sweep_goes_on(tmp_path, capfd, monkeypatch):
-    # A stand-in for train.py that records its arguments and exits with the code it is given.
-    program = tmp_path / "fake_train.py"
-    program.write_text(
-        "import sys, pathlib\n"
-        "args = dict(arg[2:].split('=', 1) for arg in sys.argv[1:] if '=' in arg)\n"
-        "pathlib.Path(args['trainer.default_root_dir']).mkdir(parents=True)\n"
-        "pathlib.Path(args['trainer.default_root_dir'], 'argv').write_text(' '.join(sys.argv[1:]))\n"
-        "sys.exit(int(args['code']))\n"
-    )
+# A stand-in for train.py (quick: no torch to import): it records its arguments, takes the checkpoint
+# saved for its `score` as its last.ckpt, sleeps `sleep` seconds (a SIGTERM ends it with 143, as it ends
+# train.py) and exits with `code`.
+FAKE_TRAIN = """
+import pathlib, shutil, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+args = dict(arg[2:].split('=', 1) for arg in sys.argv[1:] if '=' in arg)
+run_dir = pathlib.Path(args['trainer.default_root_dir'])
+run_dir.mkdir(parents=True)
+(run_dir / 'argv').write_text(' '.join(sys.argv[1:]))
+shutil.copy(pathlib.Path(__file__).parent / f"score-{args.get('score', 0)}.ckpt", run_dir / 'last.ckpt')
+time.sleep(float(args.get('sleep', 0)))
+sys.exit(int(args.get('code', 0)))
+"""
+
+
+def fake_sweep(tmp_path: Path, parameters: dict) -> Path:
+    """A grid sweep file that runs FAKE_TRAIN, with a checkpoint for each score it may draw."""
+    (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
+    for score in parameters.get("score", {}).get("values", [0]):
+        state = {"monitor": "val/acc", "best_model_score": torch.tensor(score)}
+        torch.save({"callbacks": {"ModelCheckpoint": state}}, tmp_path / f"score-{score}.ckpt")
+    sweep = {"program": str(tmp_path / "fake_train.py"), "method": "grid", "parameters": parameters,
+             "metric": {"name": "val/acc", "goal": "maximize"}}  # fmt: skip
     sweep_file = tmp_path / "sweep.yaml"
-    sweep = {"program": str(program), "method": "grid", "parameters": {"code": {"values": [3, 0]}}}
     sweep_file.write_text(yaml.safe_dump(sweep))
+    return sweep_file
+
+
+def test_failed_runs_are_reported_and_the_sweep_goes_on(tmp_path, capfd, monkeypatch):
+    sweep_file = fake_sweep(tmp_path, {"code": {"values": [3, 0]}, "score": {"values": [0.5]}})
+    (tmp_path / "runs" / "0").mkdir(parents=True)  # an earlier sweep's run
     monkeypatch.chdir(tmp_path)
 
     assert main([str(sweep_file), "--root", "runs", "--", "--extra=1"]) == 1
-    assert (tmp_path / "runs" / "0" / "argv").read_text() == "--extra=1 --trainer.default_root_dir=runs/0 --code=3"
-    assert (tmp_path / "runs" / "1" / "argv").read_text() == "--extra=1 --trainer.default_root_dir=runs/1 --code=0"
+    for number, code in ((1, 3), (2, 0)):
+        argv = (tmp_path / "runs" / str(number) / "argv").read_text()
+        assert argv == f"--extra=1 --trainer.default_root_dir=runs/{number} --code={code} --score=0.5"
     out = capfd.readouterr().out
-    assert "runs/0  failed (exit 3)  code=3" in out
-    assert "runs/1  n/a  code=0" in out
+    assert "runs/1  failed (exit 3)  code=3 score=0.5" in out
+    assert "runs/2  0.5000  code=0 score=0.5" in out
+    assert "best: runs/2  val/acc=0.5000" in out
+
+
+def test_the_best_run_is_the_one_the_metrics_goal_prefers(tmp_path, capfd, monkeypatch):
+    sweep_file = fake_sweep(tmp_path, {"score": {"values": [0.2, 0.9, 0.4]}})
+    monkeypatch.chdir(tmp_path)
+    assert main([str(sweep_file), "--root", "runs"]) == 0
+    assert "best: runs/1  val/acc=0.9000" in capfd.readouterr().out
+
+
+def test_sigterm_to_the_sweep_stops_the_running_trial_and_the_sweep_with_143(tmp_path):
+    sweep_file = fake_sweep(tmp_path, {"sleep": {"values": [60, 0]}})
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", main.__module__, str(sweep_file), "--root", str(tmp_path / "runs")],
+        cwd=PROJECT_ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "runs" / "0" / "last.ckpt").exists():  # the first trial is running
+        assert time.monotonic() < deadline and sweep.poll() is None, sweep.communicate()[0]
+        time.sleep(0.1)
+    time.sleep(0.5)
+    sweep.send_signal(signal.SIGTERM)  # to the sweep alone: it must pass it on
+    out = sweep.communicate(timeout=60)[0]
+    assert sweep.returncode == PREEMPTED, out
+    assert "failed (exit 143)" in out and "sweep stopped by SIGTERM" in out
+    assert not (tmp_path / "runs" / "1").exists(), "no trial starts after the signal"
 
 
 @pytest.mark.slow
@@ -156,9 +271,8 @@ def test_a_local_sweep_trains_each_run_with_its_drawn_values(mnist_dir, tmp_path
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
-    drawn = draw(yaml.safe_load(SWEEP_FILE.read_text()), count=2, seed=0)
     scores = []
-    for number, params in enumerate(drawn):
+    for number, params in enumerate(drawn(yaml.safe_load(SWEEP_FILE.read_text()), count=2, seed=0)):
         run_dir = root / str(number)
         assert (run_dir / "wandb").is_dir(), "each run logs (offline) into its own directory"
         config = yaml.safe_load((run_dir / "config.yaml").read_text())

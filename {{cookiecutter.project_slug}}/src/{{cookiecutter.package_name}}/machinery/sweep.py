@@ -1,51 +1,53 @@
-"""Run a wandb sweep file on this machine, one run after another, without a wandb server.
+"""Run a wandb sweep file on this machine, one trial after another, without a wandb server.
 
-    python -m {{ cookiecutter.package_name }}.machinery.sweep configs/sweep.yaml --count 8 [-- more train.py options]
+    python -m {{ cookiecutter.package_name }}.machinery.sweep configs/sweep.yaml --count 8 [--seed 0] [-- more train.py options]
 
-The same file drives `wandb sweep` + `wandb agent`. Here the parameters are drawn the way wandb draws
-them for `grid` and `random` sweeps (`bayes` needs the server's record of earlier runs, so it is drawn
-at random), each run gets its own `trainer.default_root_dir` (`<root>/<n>`), and the sweep's metric is
-read from each run's `last.ckpt`: the best score of the checkpoint callback that monitors it.
-Options after `--` go to every run, before the swept values, e.g. `-- --trainer.max_epochs 1`.
-A SIGTERM or Ctrl-C stops the running trial as it stops train.py (a checkpoint, exit 143 or 130), then
-the sweep, with the same status.
+The same file drives `wandb sweep` + `wandb agent`. Here Optuna draws the parameters (`random`: its
+RandomSampler, `bayes`: its TPESampler, random for the first 10 trials; `grid`: every combination in
+order), each trial runs the sweep's command in its own `trainer.default_root_dir` (`<root>/<n>`), and
+its score is the best value of the sweep's metric, read from the run's `last.ckpt`. Options after `--`
+go to every trial. A SIGTERM or Ctrl-C stops the running trial as it stops train.py (a checkpoint,
+exit 143 or 130), then the sweep, with the same status.
 """
 
 import argparse
 import itertools
 import math
 import pickle
-import random
 import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+import optuna
 import torch
 import yaml
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
 
+from .errors import ConfigError
+from .exit_codes import CONFIG_ERROR
 from .stopping import EXIT_STATUS
-
-Params = dict[str, Any]
 
 # What a wandb agent runs when the sweep file has no `command`.
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
 
-# How wandb draws a value for each `distribution` of a parameter.
-SAMPLERS = {
-    "uniform": lambda rng, p: rng.uniform(p["min"], p["max"]),
-    "int_uniform": lambda rng, p: rng.randint(p["min"], p["max"]),
-    "q_uniform": lambda rng, p: round(rng.uniform(p["min"], p["max"]) / p.get("q", 1)) * p.get("q", 1),
-    "log_uniform": lambda rng, p: math.exp(rng.uniform(p["min"], p["max"])),  # min and max are exponents
-    "log_uniform_values": lambda rng, p: math.exp(rng.uniform(math.log(p["min"]), math.log(p["max"]))),
-    "normal": lambda rng, p: rng.gauss(p.get("mu", 0.0), p.get("sigma", 1.0)),
-    "log_normal": lambda rng, p: math.exp(rng.gauss(p.get("mu", 0.0), p.get("sigma", 1.0))),
+# Each wandb `distribution` as Optuna's; wandb's others (normal, beta, q_log_*, inv_log_*) Optuna has not.
+DISTRIBUTIONS: dict[str, Callable[[dict], BaseDistribution]] = {
+    "constant": lambda p: CategoricalDistribution([p["value"]]),
+    "categorical": lambda p: CategoricalDistribution(p["values"]),
+    "uniform": lambda p: FloatDistribution(p["min"], p["max"]),
+    "q_uniform": lambda p: FloatDistribution(p["min"], p["max"], step=p.get("q", 1)),
+    "int_uniform": lambda p: IntDistribution(p["min"], p["max"]),
+    "log_uniform_values": lambda p: FloatDistribution(p["min"], p["max"], log=True),
+    "log_uniform": lambda p: FloatDistribution(math.exp(p["min"]), math.exp(p["max"]), log=True),  # exponents
 }
 
 
-def distribution(spec: dict) -> str:
+def distribution_name(spec: dict) -> str:
     """The parameter's distribution, inferred as wandb infers it when the file names none."""
     if "distribution" in spec:
         return spec["distribution"]
@@ -55,51 +57,64 @@ def distribution(spec: dict) -> str:
         return "categorical"
     if "min" in spec and "max" in spec:
         return "int_uniform" if isinstance(spec["min"], int) and isinstance(spec["max"], int) else "uniform"
-    raise ValueError(f"cannot tell how to draw {spec}: give value, values, or min and max")
+    raise ConfigError(f"cannot tell how to draw {spec}: give value, values, or min and max")
 
 
-def draw_one(spec: dict, rng: random.Random) -> Any:
-    kind = distribution(spec)
-    if kind == "constant":
-        return spec["value"]
-    if kind == "categorical":
-        return rng.choices(spec["values"], weights=spec.get("probabilities"))[0]
-    if kind not in SAMPLERS:
-        raise ValueError(f"distribution {kind!r} is not supported locally; use one of {sorted(SAMPLERS)}")
-    return SAMPLERS[kind](rng, spec)
+def search_space(sweep: dict) -> dict[str, BaseDistribution]:
+    """The sweep's `parameters` as Optuna distributions, named by their train.py options."""
+    space = {}
+    for name, spec in sweep.get("parameters", {}).items():
+        kind = distribution_name(spec)
+        if kind not in DISTRIBUTIONS:
+            raise ConfigError(f"{name}: the local sweep cannot draw {kind!r}, only {', '.join(DISTRIBUTIONS)}")
+        if "probabilities" in spec:
+            raise ConfigError(f"{name}: `probabilities` is not supported locally: the values are drawn evenly")
+        try:
+            space[name] = DISTRIBUTIONS[kind](spec)
+        except (KeyError, TypeError, ValueError) as error:  # a key missing, or limits Optuna refuses
+            raise ConfigError(f"{name}: cannot draw from {spec}: {error}") from None
+    return space
 
 
-def draw(sweep: dict, count: int | None, seed: int | None = None) -> list[Params]:
-    """The parameters of the first `count` runs; a grid gives every combination when count is None."""
-    parameters: dict[str, dict] = sweep["parameters"]
-    if sweep.get("method") == "grid":
-        choices = []
-        for name, spec in parameters.items():
-            if distribution(spec) not in ("constant", "categorical"):
-                raise ValueError(f"a grid needs `value` or `values` for every parameter; {name} has {spec}")
-            choices.append(spec["values"] if "values" in spec else [spec["value"]])
-        combinations = itertools.product(*choices)
-        return [dict(zip(parameters, values, strict=True)) for values in itertools.islice(combinations, count)]
+def new_study(sweep: dict, space: dict[str, BaseDistribution], seed: int | None) -> optuna.Study:
+    """An in-memory study that draws as the sweep's `method` asks, towards its metric's `goal`."""
+    method = sweep.get("method")
+    if method not in ("random", "grid", "bayes"):
+        raise ConfigError(f"method {method!r} is not supported locally, only random, grid and bayes")
+    sampler = optuna.samplers.TPESampler(seed=seed) if method == "bayes" else optuna.samplers.RandomSampler(seed=seed)
+    study = optuna.create_study(sampler=sampler, direction=sweep.get("metric", {}).get("goal", "minimize"))
+    if method == "grid":  # every combination, queued in order as wandb runs them
+        if not all(isinstance(distribution, CategoricalDistribution) for distribution in space.values()):
+            raise ConfigError("a grid needs `value` or `values` for every parameter")
+        for values in itertools.product(*(distribution.choices for distribution in space.values())):
+            study.enqueue_trial(dict(zip(space, values, strict=True)))
+    return study
+
+
+def trial_count(study: optuna.Study, count: int | None) -> int:
+    """How many trials to run: `count`, at most a grid's combinations (all of them by default)."""
+    queued = len(study.get_trials(states=[TrialState.WAITING]))
+    if queued:
+        return queued if count is None else min(count, queued)
     if count is None:
-        raise ValueError(f"a {sweep.get('method')} sweep never ends by itself: give --count")
-    rng = random.Random(seed)
-    return [{name: draw_one(spec, rng) for name, spec in parameters.items()} for _ in range(count)]
+        raise ConfigError("a random or bayes sweep never ends by itself: give --count")
+    return count
 
 
-def command(sweep: dict, params: Params, run_dir: Path, extra: list[str]) -> list[str]:
+def command(sweep: dict, params: dict[str, Any], run_dir: Path, extra: list[str]) -> list[str]:
     """The sweep's `command` with its macros filled in as a wandb agent fills them, plus the run directory."""
     args = [*extra, f"--trainer.default_root_dir={run_dir}"]
     args += [f"--{name}={value}" for name, value in params.items()]  # wandb writes the values with str()
     macros = {
         "${env}": [],  # the agent's `/usr/bin/env` only finds the interpreter: here it is sys.executable
         "${interpreter}": [sys.executable],
-        "${program}": [sweep["program"]],
+        "${program}": [sweep.get("program", "")],
         "${args}": args,
     }
     filled = []
     for part in map(str, sweep.get("command", DEFAULT_COMMAND)):
         if part.startswith("${") and part not in macros:
-            raise ValueError(f"{part} is not supported by the local sweep, only {', '.join(macros)}")
+            raise ConfigError(f"{part} is not supported by the local sweep, only {', '.join(macros)}")
         filled += macros.get(part, [part])
     return filled
 
@@ -123,13 +138,6 @@ def next_run_number(root: Path) -> int:
     """Runs are numbered on from earlier sweeps in the same root, so no run resumes or overwrites another."""
     numbers = [int(path.name) for path in root.glob("*") if path.name.isdigit()]
     return max(numbers, default=-1) + 1
-
-
-class Run(NamedTuple):
-    run_dir: Path
-    params: Params
-    returncode: int
-    score: float | None
 
 
 class PassStopSignalsOn:
@@ -160,46 +168,48 @@ class PassStopSignalsOn:
             self.trial.send_signal(signum)
 
 
-def run_sweep(sweep: dict, runs: list[Params], root: Path, extra: list[str]) -> tuple[list[Run], signal.Signals | None]:
-    """Run the sweep's command once per parameter set, one after another; a failed run does not stop the rest.
-
-    Returns the runs done and the signal that stopped the sweep, if one did.
+def run_sweep(
+    sweep: dict, study: optuna.Study, space: dict[str, BaseDistribution], count: int, root: Path, extra: list[str]
+) -> signal.Signals | None:
+    """Run `count` trials one after another; a failed trial does not stop the rest. Returns the signal that stopped
+    the sweep, if one did. Each trial's run directory and exit status are kept in the study, its score told to it.
     """
     metric = sweep.get("metric", {}).get("name")
     first = next_run_number(root)
-    done = []
     with PassStopSignalsOn() as signals:
-        for index, params in enumerate(runs):
+        for index in range(count):
             if signals.received:
                 break
+            trial = study.ask(space)
             run_dir = root / str(first + index)
-            cmd = command(sweep, params, run_dir, extra)
-            print(f"[sweep {index + 1}/{len(runs)}] {shlex.join(cmd)}", flush=True)
+            cmd = command(sweep, trial.params, run_dir, extra)
+            print(f"[sweep {index + 1}/{count}] {shlex.join(cmd)}", flush=True)
             returncode = signals.run(cmd)
+            trial.set_user_attr("run_dir", str(run_dir))
+            trial.set_user_attr("exit", returncode)
             score = best_score(run_dir, metric) if metric and returncode == 0 else None
-            done.append(Run(run_dir, params, returncode, score))
-    return done, signals.received
+            # A trial without a score has nothing to teach the sampler: Optuna calls it failed.
+            study.tell(trial, score, state=TrialState.FAIL if score is None else None)
+    return signals.received
 
 
-def report(runs: list[Run], metric: dict) -> None:
-    print(f"\nsweep results ({metric.get('name', 'no metric')}, goal: {metric.get('goal', 'minimize')}):")
-    for run in runs:
-        outcome = "n/a" if run.score is None else f"{run.score:.4f}"
-        if run.returncode:
-            outcome = f"failed (exit {run.returncode})"
-        print(f"  {run.run_dir}  {outcome}  " + " ".join(f"{name}={value}" for name, value in run.params.items()))
-    scored = [run for run in runs if run.score is not None]
-    if scored:
-        pick = max if metric.get("goal", "minimize") == "maximize" else min  # wandb's default goal is minimize
-        best = pick(scored, key=lambda run: run.score)
-        print(f"best: {best.run_dir}  {metric['name']}={best.score:.4f}")
+def report(study: optuna.Study, metric: dict) -> None:
+    print(f"\nsweep results ({metric.get('name', 'no metric')}, goal: {study.direction.name.lower()}):")
+    for trial in study.get_trials(states=[TrialState.COMPLETE, TrialState.FAIL]):  # not a grid's queued ones
+        outcome = "n/a" if trial.value is None else f"{trial.value:.4f}"
+        if trial.user_attrs["exit"]:
+            outcome = f"failed (exit {trial.user_attrs['exit']})"
+        params = " ".join(f"{name}={value}" for name, value in trial.params.items())
+        print(f"  {trial.user_attrs['run_dir']}  {outcome}  {params}")
+    if study.get_trials(states=[TrialState.COMPLETE]):
+        print(f"best: {study.best_trial.user_attrs['run_dir']}  {metric['name']}={study.best_value:.4f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(
-        prog=f"python -m {__package__}.sweep",
+        prog=f"python -m {__name__}",
         description=__doc__.split("\n")[0],
         epilog="Options after -- go to every run, e.g. -- --trainer.max_epochs 1",
     )
@@ -209,18 +219,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, help="seed for drawing the parameters, to repeat a sweep")
     options = parser.parse_args(own)
 
-    sweep = yaml.safe_load(options.sweep_file.read_text())
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints each trial itself
     try:
-        runs = draw(sweep, options.count, options.seed)
-        command(sweep, runs[0] if runs else {}, options.root, extra)  # refuse an unsupported command before any run
-    except ValueError as error:
-        parser.error(str(error))
-    done, stopped_by = run_sweep(sweep, runs, options.root, extra)
-    report(done, sweep.get("metric", {}))
+        sweep = yaml.safe_load(options.sweep_file.read_text())
+        space = search_space(sweep)
+        study = new_study(sweep, space, options.seed)
+        count = trial_count(study, options.count)
+        command(sweep, {}, options.root, extra)  # refuse an unsupported command before any run
+    except (OSError, yaml.YAMLError, ValueError) as error:  # ConfigError, or a ValueError of Optuna's
+        print(f"error: {options.sweep_file}: {error}", file=sys.stderr)
+        return CONFIG_ERROR
+    stopped_by = run_sweep(sweep, study, space, count, options.root, extra)
+    report(study, sweep.get("metric", {}))
     if stopped_by:
         print(f"sweep stopped by {stopped_by.name}", flush=True)
         return EXIT_STATUS[stopped_by]
-    return 1 if len(done) < len(runs) or any(run.returncode for run in done) else 0
+    return 1 if any(trial.user_attrs.get("exit") for trial in study.trials) else 0
 
 
 if __name__ == "__main__":
