@@ -275,9 +275,8 @@ def test_a_local_sweep_trains_each_run_with_its_drawn_values(mnist_dir, tmp_path
     for number, params in enumerate(drawn(yaml.safe_load(SWEEP_FILE.read_text()), count=2, seed=0)):
         run_dir = root / str(number)
         assert (run_dir / "wandb").is_dir(), "each run logs (offline) into its own directory"
-        config = yaml.safe_load((run_dir / "config.yaml").read_text())
         for name, value in params.items():
-            assert config_value(config, name) == pytest.approx(value), name
+            assert config_value(run_dir, name) == pytest.approx(value), name
         score = best_score(run_dir, "val/acc")
         assert score is not None and 0.0 <= score <= 1.0
         assert f"{run_dir}  {score:.4f}" in result.stdout
@@ -286,10 +285,15 @@ def test_a_local_sweep_trains_each_run_with_its_drawn_values(mnist_dir, tmp_path
     assert f"best: {root / str(best)}  val/acc={scores[best]:.4f}" in result.stdout
 
 
-def config_value(config: dict, name: str):
-    """The value a command-line name like `data.batch_size` sets in a saved config (class sections nest init_args)."""
-    section = config
+def config_value(run_dir: Path, name: str):
+    """The value a command-line name like `data.batch_size` sets in a run's saved config.
+
+    Class sections nest `init_args`; a section composed from another file is saved as that file, next to config.yaml.
+    """
+    section = yaml.safe_load((run_dir / "config.yaml").read_text())
     for key in name.split("."):
+        if isinstance(section, str):
+            section = yaml.safe_load((run_dir / section).read_text())
         if key not in section and "init_args" in section:
             section = section["init_args"]
         section = section[key]
