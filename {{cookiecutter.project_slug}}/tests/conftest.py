@@ -78,7 +78,7 @@ def streaming_run_args(chunks_dir: Path, run_dir: Path) -> list[str]:
     """The same, streamed from chunks: 16 images a batch, so 2 processes x 2 workers share them evenly."""
     return [
         "--config", str(PROJECT_ROOT / "configs" / "experiment.yaml"),
-        "--config", str(PROJECT_ROOT / "configs" / "data" / "streaming.yaml"),
+        "--data", str(PROJECT_ROOT / "configs" / "data" / "mnist_streaming.yaml"),
         "--data.input_dir", str(chunks_dir),
         "--data.batch_size", "16",
         *quick_trainer_args(run_dir),

@@ -48,8 +48,8 @@ def test_print_config_is_complete_and_reusable(mnist_dir, tmp_path):
     printed = run_train("fit", *quick_run_args(mnist_dir, tmp_path / "run"), "--model.hidden", "64", "--print_config")
     assert printed.returncode == 0, printed.stderr[-3000:]
     config = yaml.safe_load(printed.stdout)
-    assert config["model"]["hidden"] == 64
-    assert config["model"]["optimizer"]["class_path"] == "torch.optim.AdamW"
+    assert config["model"]["init_args"]["hidden"] == 64
+    assert config["model"]["init_args"]["optimizer"]["class_path"] == "torch.optim.AdamW"
     assert config["cluster"]["timeout"] == "0:05:00"
     assert {"trainer", "data", "seed_everything", "ckpt_path"} <= config.keys()
 

@@ -10,8 +10,13 @@ import pytest
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from {{ cookiecutter.package_name }}.machinery.cli import devices_per_node, num_nodes
-from {{ cookiecutter.package_name }}.machinery.cluster import DEFAULT_MAIN_PORT, MANUAL_NUM_NODES, ClusterConfigError, ClusterSettings, PODEnvironment, SINGEnvironment, describe, detect_platform, wait_until_resolvable
+from {{ cookiecutter.package_name }}.machinery.cluster.launch_variables import ClusterConfigError
+from {{ cookiecutter.package_name }}.machinery.cluster.node_level import wait_until_resolvable
+from {{ cookiecutter.package_name }}.machinery.cluster.platforms import MANUAL_NUM_NODES, describe, detect_platform
+from {{ cookiecutter.package_name }}.machinery.cluster.pod import PODEnvironment
+from {{ cookiecutter.package_name }}.machinery.cluster.settings import DEFAULT_MAIN_PORT, ClusterSettings
+from {{ cookiecutter.package_name }}.machinery.cluster.sing import SINGEnvironment
+from {{ cookiecutter.package_name }}.machinery.process_counts import devices_per_node, num_nodes
 
 from .conftest import clean_env, free_port
 

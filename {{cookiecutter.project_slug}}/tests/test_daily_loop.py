@@ -14,9 +14,12 @@ def test_experiment_configs_compose_in_order(mnist_dir, tmp_path):
     )
     assert printed.returncode == 0, printed.stderr[-3000:]
     config = yaml.safe_load(printed.stdout)
-    assert config["model"]["channels"] == 64 and config["trainer"]["max_epochs"] == 10  # from bigger.yaml
-    assert config["model"]["optimizer"]["init_args"] == {**config["model"]["optimizer"]["init_args"], "lr": 0.0005}
-    assert config["model"]["optimizer"]["init_args"]["weight_decay"] == 0.01  # kept from experiment.yaml
+    model = config["model"]["init_args"]
+    assert model["channels"] == 64 and config["trainer"]["max_epochs"] == 10  # from bigger.yaml
+    assert config["data"]["init_args"]["batch_size"] == 256
+    assert model["optimizer"]["init_args"] == {**model["optimizer"]["init_args"], "lr": 0.0005}
+    assert model["optimizer"]["init_args"]["weight_decay"] == 0.01  # kept from experiment.yaml
+    assert model["dropout"] == 0.25  # from configs/model/image_classifier.yaml, which experiment.yaml names
     assert config["seed_everything"] == 42
 
 
@@ -28,7 +31,7 @@ def test_csv_logger_records_config_code_version_and_cluster_setup(mnist_dir, tmp
     version_dir = run_dir / "lightning_logs" / "version_0"
     assert "val/acc" in (version_dir / "metrics.csv").read_text()
     recorded = yaml.safe_load((version_dir / "hparams.yaml").read_text())
-    assert recorded["config"]["model"]["hidden"] == 128
+    assert recorded["config"]["model"]["init_args"]["hidden"] == 128
     assert recorded["config"]["trainer"]["default_root_dir"] == str(run_dir)
     assert recorded["cluster"] == {"environment": "NoneType", "num_nodes": 1, "devices_per_node": 1, "world_size": 1}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True)

@@ -3,14 +3,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch.optim.lr_scheduler import StepLR
+from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
-from {{ cookiecutter.package_name }}.models.image_classifier import ConvNet, MNISTClassifier
+from {{ cookiecutter.package_name }}.machinery.cli import ProjectCLI
+from {{ cookiecutter.package_name }}.models.image_classifier import ConvNet, ImageClassifier
 
-from .conftest import fake_digits
+from .conftest import PROJECT_ROOT, fake_digits
 
 
 def normalised_batch(count: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,15 +25,47 @@ def test_convnet_returns_logits_per_class():
     assert logits.shape == (5, 10)
 
 
+def test_channels_classes_and_image_size_are_the_data_modules():
+    # Three-channel 32x32 images in 7 classes, as another data module would give them.
+    model = ImageClassifier(in_channels=3, num_classes=7)
+    images, labels = torch.rand(4, 3, 32, 32), torch.tensor([0, 3, 6, 6])
+    assert model(images).shape == (4, 7)
+    loss = model.training_step((images, labels), batch_idx=0)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    with pytest.raises(RuntimeError):  # one channel where three are expected: refused, not reinterpreted
+        model(torch.rand(4, 1, 32, 32))
+
+
+class ColourImages(LightningDataModule):
+    """Random 3-channel 32x32 images in 7 classes: a data module other than MNIST."""
+
+    in_channels = 3
+    num_classes = 7
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(torch.rand(8, 3, 32, 32), torch.randint(0, 7, (8,))), batch_size=4)
+
+    val_dataloader = train_dataloader
+
+
+def test_the_command_line_gives_the_model_the_data_modules_channels_and_classes(tmp_path):
+    args = ["fit", "--config", str(PROJECT_ROOT / "configs" / "experiment.yaml"), "--data", f"{__name__}.ColourImages",
+            "--trainer.fast_dev_run", "true", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
+            "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
+    cli = ProjectCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, args=args)
+    assert (cli.model.hparams.in_channels, cli.model.hparams.num_classes) == (3, 7)
+    assert cli.trainer.state.finished  # it trained on them
+
+
 def test_training_step_returns_scalar_loss():
-    model = MNISTClassifier()
+    model = ImageClassifier()
     loss = model.training_step(normalised_batch(), batch_idx=0)
     assert loss.dim() == 0 and torch.isfinite(loss)
 
 
 def test_a_few_steps_reduce_the_loss():
     torch.manual_seed(0)
-    model = MNISTClassifier(dropout=0.0)
+    model = ImageClassifier(dropout=0.0)
     optimizer = model.configure_optimizers()
     batch = normalised_batch(64)
     losses = []
@@ -45,7 +79,7 @@ def test_a_few_steps_reduce_the_loss():
 
 
 def test_optimizer_and_scheduler_are_injected():
-    model = MNISTClassifier(
+    model = ImageClassifier(
         optimizer=lambda params: torch.optim.SGD(params, lr=0.5),
         scheduler=lambda optimizer: StepLR(optimizer, step_size=1, gamma=0.1),
     )
@@ -59,7 +93,7 @@ def test_fit_reports_loss_and_accuracy_for_training_and_validation(mnist_dir, tm
     trainer = Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=4, limit_val_batches=2, logger=False,
                       log_every_n_steps=2, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
-    trainer.fit(MNISTClassifier(), MNISTDataModule(data_dir=str(mnist_dir), download=False, batch_size=32))
+    trainer.fit(ImageClassifier(), MNISTDataModule(data_dir=str(mnist_dir), download=False, batch_size=32))
     metrics = trainer.callback_metrics
     assert {"train/loss", "train/acc", "val/loss", "val/acc"} <= metrics.keys()
     assert 0 <= metrics["train/acc"] <= 1 and 0 <= metrics["val/acc"] <= 1
@@ -83,7 +117,7 @@ def test_the_logger_records_every_nth_steps_own_loss(mnist_dir, tmp_path):
                       log_every_n_steps=3, logger=CSVLogger(tmp_path), callbacks=[losses],
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       default_root_dir=tmp_path)  # fmt: skip
-    trainer.fit(MNISTClassifier(), MNISTDataModule(data_dir=str(mnist_dir), download=False, batch_size=32))
+    trainer.fit(ImageClassifier(), MNISTDataModule(data_dir=str(mnist_dir), download=False, batch_size=32))
     with open(Path(trainer.logger.log_dir) / "metrics.csv") as file:
         logged = {int(row["step"]): float(row["train/loss"]) for row in csv.DictReader(file) if row["train/loss"]}
     assert sorted(logged) == [2, 5, 8]
@@ -91,7 +125,7 @@ def test_the_logger_records_every_nth_steps_own_loss(mnist_dir, tmp_path):
 
 
 def test_predict_step_gives_class_and_confidence():
-    model = MNISTClassifier().eval()
+    model = ImageClassifier().eval()
     images, labels = normalised_batch(8)
     with torch.no_grad():
         out = model.predict_step((images, labels), batch_idx=0)
@@ -119,7 +153,7 @@ def compiled_graphs(monkeypatch) -> list[torch.fx.GraphModule]:
 @pytest.mark.parametrize("compile", [True, False])
 def test_compile_option_compiles_the_network_in_place(compile, compiled_graphs):
     torch.manual_seed(0)
-    model = MNISTClassifier(dropout=0.0, compile=compile)
+    model = ImageClassifier(dropout=0.0, compile=compile)
     eager = ConvNet(dropout=0.0)
     eager.load_state_dict(model.net.state_dict())
     model.configure_model()  # Lightning calls this before fit, validate, test and predict

@@ -3,12 +3,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from jsonargparse import Namespace
+from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
-from {{ cookiecutter.package_name }} import speed
+from {{ cookiecutter.package_name }}.machinery import speed
 from {{ cookiecutter.package_name }}.machinery.cli import ProjectCLI
-from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
-from {{ cookiecutter.package_name }}.models.image_classifier import MNISTClassifier
 
 
 def pretend_gpu(monkeypatch, bf16: str | None = "native", capability: tuple[int, int] = (8, 0)) -> None:
@@ -63,10 +62,13 @@ def test_the_cli_applies_the_default_precision_unless_the_config_sets_one(monkey
     monkeypatch.setattr(speed, "default_precision", lambda accelerator: "bf16-mixed")  # as on a recent GPU
 
     def precision_of_a_run(*extra: str) -> str:
-        args = ["validate", "--data.data_dir", str(mnist_dir), "--data.download", "false",
+        args = ["validate", "--model", "{{ cookiecutter.package_name }}.models.image_classifier.ImageClassifier",
+                "--data", "{{ cookiecutter.package_name }}.data.mnist.MNISTDataModule",
+                "--data.data_dir", str(mnist_dir), "--data.download", "false",
                 "--trainer.accelerator", "cpu", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
                 "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(tmp_path), *extra]  # fmt: skip
-        cli = ProjectCLI(MNISTClassifier, MNISTDataModule, args=args, save_config_kwargs={"overwrite": True})
+        cli = ProjectCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                         args=args, save_config_kwargs={"overwrite": True})  # fmt: skip
         return cli.trainer.precision
 
     assert precision_of_a_run() == "bf16-mixed"

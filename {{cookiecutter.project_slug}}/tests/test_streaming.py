@@ -6,8 +6,8 @@ from collections import Counter
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 from {{ cookiecutter.package_name }}.data.streaming_images import StreamingMNISTDataModule, check_chunks
+from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
 from .conftest import run_train, streaming_run_args
 from .training_samples import recorded, sample_ids, training_images
