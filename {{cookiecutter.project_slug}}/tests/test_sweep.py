@@ -130,18 +130,23 @@ def test_bayes_learns_from_the_scores_towards_the_metrics_goal():
 def test_sweeps_that_cannot_be_run_locally_are_refused(method, parameter, count, message):
     with pytest.raises(ConfigError, match=message):
         drawn({"method": method, "parameters": {"p": parameter}}, count)
+    with pytest.raises(ConfigError, match="metric goal 'maximise'"):
+        drawn({"method": "random", "metric": {"goal": "maximise"}, "parameters": {}}, 1)
 
 
 def test_a_refused_sweep_file_is_one_error_line_and_exit_2(tmp_path, capfd):
-    sweep_file = tmp_path / "sweep.yaml"
+    beta, bad_yaml, not_a_sweep = tmp_path / "beta.yaml", tmp_path / "bad.yaml", tmp_path / "string.yaml"
     sweep = {"program": "train.py", "method": "random", "parameters": {"lr": {"distribution": "beta", "a": 1}}}
-    sweep_file.write_text(yaml.safe_dump(sweep))
-    assert main([str(sweep_file), "--count", "1", "--root", str(tmp_path / "runs")]) == CONFIG_ERROR
-    err = capfd.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"error: {sweep_file}: lr: the local sweep cannot draw 'beta'")
-    assert main([str(tmp_path / "missing.yaml"), "--count", "1"]) == CONFIG_ERROR
-    assert capfd.readouterr().err.startswith("error: ")
+    beta.write_text(yaml.safe_dump(sweep))
+    bad_yaml.write_text("method: [random")
+    not_a_sweep.write_text("just a string")
+    for sweep_file in (beta, bad_yaml, not_a_sweep, tmp_path / "missing.yaml"):
+        assert main([str(sweep_file), "--count", "1", "--root", str(tmp_path / "runs")]) == CONFIG_ERROR
+        err = capfd.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"error: {sweep_file}: "), err
     assert not (tmp_path / "runs").exists()
+    main([str(beta), "--count", "1"])
+    assert "lr: the local sweep cannot draw 'beta', only constant, categorical, uniform" in capfd.readouterr().err
 
 
 def test_the_sweep_files_command_becomes_a_train_py_command():

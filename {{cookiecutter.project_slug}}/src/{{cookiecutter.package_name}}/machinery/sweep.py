@@ -78,11 +78,13 @@ def search_space(sweep: dict) -> dict[str, BaseDistribution]:
 
 def new_study(sweep: dict, space: dict[str, BaseDistribution], seed: int | None) -> optuna.Study:
     """An in-memory study that draws as the sweep's `method` asks, towards its metric's `goal`."""
-    method = sweep.get("method")
+    method, goal = sweep.get("method"), sweep.get("metric", {}).get("goal", "minimize")  # wandb's default goal
     if method not in ("random", "grid", "bayes"):
         raise ConfigError(f"method {method!r} is not supported locally, only random, grid and bayes")
+    if goal not in ("minimize", "maximize"):
+        raise ConfigError(f"metric goal {goal!r}: give minimize or maximize")
     sampler = optuna.samplers.TPESampler(seed=seed) if method == "bayes" else optuna.samplers.RandomSampler(seed=seed)
-    study = optuna.create_study(sampler=sampler, direction=sweep.get("metric", {}).get("goal", "minimize"))
+    study = optuna.create_study(sampler=sampler, direction=goal)
     if method == "grid":  # every combination, queued in order as wandb runs them
         if not all(isinstance(distribution, CategoricalDistribution) for distribution in space.values()):
             raise ConfigError("a grid needs `value` or `values` for every parameter")
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(
-        prog=f"python -m {__name__}",
+        prog=f"python -m {__package__}.sweep",
         description=__doc__.split("\n")[0],
         epilog="Options after -- go to every run, e.g. -- --trainer.max_epochs 1",
     )
@@ -221,13 +223,16 @@ def main(argv: list[str] | None = None) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints each trial itself
     try:
-        sweep = yaml.safe_load(options.sweep_file.read_text())
+        with options.sweep_file.open() as file:  # YAML's errors then say where in the file, not "<unicode string>"
+            sweep = yaml.safe_load(file)
+        if not isinstance(sweep, dict):
+            raise ConfigError("not a sweep: give program, method, metric and parameters")
         space = search_space(sweep)
         study = new_study(sweep, space, options.seed)
         count = trial_count(study, options.count)
         command(sweep, {}, options.root, extra)  # refuse an unsupported command before any run
-    except (OSError, yaml.YAMLError, ValueError) as error:  # ConfigError, or a ValueError of Optuna's
-        print(f"error: {options.sweep_file}: {error}", file=sys.stderr)
+    except (OSError, yaml.YAMLError, ConfigError) as error:
+        print(f"error: {options.sweep_file}: {' '.join(str(error).split())}", file=sys.stderr)  # YAML's on one line
         return CONFIG_ERROR
     stopped_by = run_sweep(sweep, study, space, count, options.root, extra)
     report(study, sweep.get("metric", {}))
