@@ -1,6 +1,6 @@
-"""Print which launch this process belongs to, without training:
+"""Print which launch this process belongs to, without training.
 
-    python -m {{ cookiecutter.package_name }}.machinery.cluster
+Run on a node of the launch to debug it: `python -m {{ cookiecutter.package_name }}.machinery.cluster`.
 """
 
 import sys
