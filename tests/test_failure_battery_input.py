@@ -73,7 +73,7 @@ class Case:
 
 
 def unknown_key(case: Case) -> tuple[list[str], list[str]]:
-    return ["--model.hiden", "64"], ["--model.hiden"]
+    return ["--model.hiden", "64"], ["model: ", "'hiden'"]
 
 
 def unknown_key_in_yaml(case: Case) -> tuple[list[str], list[str]]:
