@@ -60,6 +60,25 @@ def test_predict_writes_a_csv_a_person_can_open(mnist_dir, tmp_path):
     assert sum(row["predicted"] == row["label"] for row in rows) > 0.5 * len(rows)
 
 
+def test_ckpt_path_best_finds_the_best_checkpoint_of_an_earlier_fit(mnist_dir, tmp_path):
+    # Lightning knows "best" only in the process that ran fit; the command line finds it in checkpoints/.
+    run_dir = tmp_path / "run"
+    refused = run_train("test", *quick_run_args(mnist_dir, run_dir), "--ckpt_path", "best")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    checkpoints = (run_dir / "checkpoints").resolve()
+    assert f"error: ckpt_path best: no checkpoints in {checkpoints}; run fit first or pass a checkpoint file" in (
+        refused.stderr.splitlines()
+    )
+    assert run_train("fit", *quick_run_args(mnist_dir, run_dir), "--trainer.max_epochs", "2").returncode == 0
+    (best,) = checkpoints.glob("best-*.ckpt")
+    moved = tmp_path / "moved"  # as a run directory copied off a cluster: the recorded path is gone
+    run_dir.rename(moved)
+    tested = run_train("test", *quick_run_args(mnist_dir, moved), "--ckpt_path", "best")
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    restored = f"Restoring states from the checkpoint path at {moved.resolve() / 'checkpoints' / best.name}"
+    assert restored in tested.stdout + tested.stderr
+
+
 def test_output_to_a_file_gets_log_lines_not_a_progress_bar(mnist_dir, tmp_path):
     args = quick_run_args(mnist_dir, tmp_path / "run")
     assert args[-2:] == ["--trainer.enable_progress_bar", "false"]

@@ -1,10 +1,15 @@
-"""`ckpt_path` checked before LightningCLI loads it: missing files and files that are not checkpoints refused."""
+"""`ckpt_path` checked before LightningCLI loads it: missing files and files that are not checkpoints refused.
+
+`ckpt_path: best` is found in the checkpoint directory, so that `test`, `validate` and `predict` in
+a new process use the best checkpoint of an earlier `fit`.
+"""
 
 import pickle
 import zipfile
 from pathlib import Path
 
 import torch
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
 from .checkpoint_io import refusal_reason
 from .errors import ConfigError
@@ -24,3 +29,32 @@ def check_checkpoint_path(ckpt_path: str | None) -> None:
         torch.load(ckpt_path, weights_only=True, mmap=True, map_location="cpu")
     except pickle.UnpicklingError as error:
         raise ConfigError(f"refused to load ckpt_path {ckpt_path}: {refusal_reason(error)}") from None
+
+
+def find_best_checkpoint(callback: Checkpoint | None) -> None:
+    """Tell the first ModelCheckpoint which file is its best, from the checkpoints of earlier runs.
+
+    Lightning resolves `ckpt_path: best` from what that callback remembers of a `fit` in this
+    process, and fails in any other. Every checkpoint holds the callback's state, which names the
+    best file: the newest checkpoint in its directory (last.ckpt after every epoch) says which.
+    """
+    if not isinstance(callback, ModelCheckpoint) or callback.dirpath is None:
+        raise ConfigError("ckpt_path best needs a ModelCheckpoint in trainer.callbacks; pass a checkpoint file instead")
+    if callback.best_model_path:
+        return
+    directory = Path(callback.dirpath)
+    checkpoints = sorted(directory.glob("*.ckpt"), key=lambda path: path.stat().st_mtime)
+    if not checkpoints:
+        raise ConfigError(f"ckpt_path best: no checkpoints in {directory}; run fit first or pass a checkpoint file")
+    newest = checkpoints[-1]
+    states = torch.load(newest, weights_only=True, mmap=True, map_location="cpu").get("callbacks", {})
+    best = states.get(callback.state_key, {}).get("best_model_path")
+    if not best:
+        raise ConfigError(
+            f"ckpt_path best: {newest} records no best checkpoint of {callback.state_key}; pass a checkpoint file"
+        )
+    # A run directory copied or moved since keeps the file names: look for the same name here.
+    best = Path(best) if Path(best).is_file() else directory / Path(best).name
+    if not best.is_file():
+        raise ConfigError(f"ckpt_path best: {newest} names {best.name} as the best checkpoint, not in {directory}")
+    callback.best_model_path = str(best)

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .checkpoint_fit import RefuseCheckpointsThatDoNotFit
 from .checkpoint_io import AtomicCheckpointIO
-from .checkpoint_path import check_checkpoint_path
+from .checkpoint_path import check_checkpoint_path, find_best_checkpoint
 from .cluster.node_level import NodeLevelEnvironment
 from .cluster.platforms import detect_platform, platform_of
 from .cluster.roll_call import NodesDidNotArrive
@@ -105,6 +105,8 @@ class ProjectCLI(LightningCLI):
             callbacks=callbacks,
             **kwargs,
         )
+        if config.get("ckpt_path") == "best":
+            find_best_checkpoint(trainer.checkpoint_callback)  # Lightning finds it only after a fit in this process
         # The processes Lightning starts on this node stop with this one, whatever it is doing (stopping.py).
         stop_with_this_process(lambda: getattr(trainer.strategy.launcher, "procs", []))
         return trainer
