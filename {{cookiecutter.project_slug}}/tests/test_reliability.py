@@ -359,7 +359,10 @@ def test_lost_processes_are_named_by_their_nodes():
 
     placement = [Placement(node_rank=rank // 2, global_rank=rank, host=f"test-{rank // 2}") for rank in range(4)]
     assert nodes_of([2, 3], placement) == "node 1 (host test-1, global ranks 2, 3)"
-    assert nodes_of([1], placement) == "node 0 (host test-0, global ranks 1)"
-    both = "node 0 (host test-0, global ranks 0) and node 1 (host test-1, global ranks 3)"
+    assert nodes_of([1], placement) == "node 0 (host test-0, global ranks 0, 1; rank 1 did not answer)"
+    both = (
+        "node 0 (host test-0, global ranks 0, 1; rank 0 did not answer)"
+        " and node 1 (host test-1, global ranks 2, 3; rank 3 did not answer)"
+    )
     assert nodes_of([0, 3], placement) == both
     assert nodes_of([], placement) == ""
