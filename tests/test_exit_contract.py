@@ -1,6 +1,6 @@
 """One exit-status contract, and every launch recipe acting on it as documented.
 
-`src/<package>/exit_codes.py` defines the statuses (2 configuration error, 75 lost node, 130 Ctrl-C,
+`src/<package>/machinery/exit_codes.py` defines the statuses (2 configuration error, 75 lost node, 130 Ctrl-C,
 143 preempted) and the README's "How a run ends" table repeats them: both are parsed and compared.
 Then each recipe's decision is run, not read: the POD Job's podFailurePolicy evaluated the way the
 Job controller does for pods ending with each status; the sbatch script run by bash with an srun
@@ -31,7 +31,7 @@ OTHER_FAILURES = (1, 137)  # a bug; SIGKILL (out of memory)
 
 
 def exit_codes_module(project: Path) -> Path:
-    (path,) = (project / "src").glob("*/exit_codes.py")
+    (path,) = (project / "src").glob("*/machinery/exit_codes.py")
     return path
 
 
