@@ -11,7 +11,6 @@ too big for memory streams from chunks instead: streaming.py.
 """
 
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -22,7 +21,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision.datasets import MNIST
 
 from ..machinery.errors import ConfigError
-from ..machinery.resumable import ResumableDataLoader, ResumableSampler
 
 MEAN, STD = 0.1307, 0.3081  # of the MNIST training images, scaled to [0, 1]
 RAW_FILES = {
@@ -144,11 +142,8 @@ class MNISTDataModule(LightningDataModule):
             self.test_set = self._in_memory(*self._load_split(train=False))
 
     def train_dataloader(self) -> DataLoader:
-        # Each process's own share in a new order every epoch, resumable mid-epoch (resumable.py).
-        # The order's seed is seed_everything's, as for the sampler Lightning would add itself.
-        world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        sampler = ResumableSampler(self.train_set, world_size, rank, seed=int(os.environ.get("PL_GLOBAL_SEED", 0)))
-        return self._loader(self.train_set, ResumableDataLoader, sampler=sampler, trainer=self.trainer)
+        # A new order every epoch; each process gets its own share, resumable mid-epoch (machinery).
+        return self._loader(self.train_set, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set)
@@ -208,18 +203,15 @@ class MNISTDataModule(LightningDataModule):
             images, labels = images.to(self._device()), labels.to(self._device())
         return InMemoryDataset(images, labels)
 
-    def _loader(self, dataset: InMemoryDataset, loader_class: type[DataLoader] = DataLoader, **options) -> DataLoader:
+    def _loader(self, dataset: InMemoryDataset, shuffle: bool = False) -> DataLoader:
         on_cpu = dataset.tensors[0].device.type == "cpu"
-        return loader_class(
+        return DataLoader(
             dataset,
             batch_size=self.batch_size,
+            shuffle=shuffle,
             collate_fn=already_batched,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             # Page-locked batches copy to the GPU faster and without blocking the training process.
             pin_memory=on_cpu and self._device().type == "cuda",
-            # Each loader draws its workers' seeds from a generator of its own: torch's global one
-            # serves the model, and a resumed run must find it as the checkpoint left it.
-            generator=torch.Generator(),
-            **options,
         )

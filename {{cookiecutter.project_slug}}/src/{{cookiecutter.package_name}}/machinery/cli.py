@@ -32,6 +32,7 @@ from .errors import ConfigError
 from .exit_codes import CONFIG_ERROR, LOST_NODE, PREEMPTED
 from .process_counts import devices_per_node, num_nodes
 from .progress import PlainProgress
+from .resumable import ResumableData
 from .run_config import (
     checkpoint_dir,
     configured,
@@ -93,6 +94,7 @@ class ProjectCLI(LightningCLI):
             LogProcessPlacement(platform.name),
             ExplainDistributedFailure(config.cluster.timeout),
             RefuseCheckpointsThatDoNotFit(),
+            ResumableData(),  # ordinary DataLoaders resume exactly, mid-epoch too (resumable.py)
         ]
         if config.trainer.enable_progress_bar is None and not sys.stdout.isatty():
             # Output goes to a file (a cluster job): log lines instead of a redrawn bar.

@@ -1,18 +1,33 @@
 """Training data that resumes exactly where a preempted run stopped, in the middle of an epoch too.
 
+A data module returns an ordinary `DataLoader(dataset, batch_size=..., shuffle=True)`. Every run
+rebuilds that training loader, as Lightning itself rebuilds loaders to add a DistributedSampler,
+into a `ResumableDataLoader` over the same dataset with the same arguments (`ResumableData`, a
+callback the command line adds). Its order comes from the seed and the epoch alone, and each
+process reads its own share of it. No loader draws from torch's global random number generator,
+which the model's randomness (dropout) uses and checkpoints restore.
+
 Lightning keeps the state of a training loader that has `state_dict`/`load_state_dict` in its
 checkpoints and hands it back when it resumes from one that ended mid-epoch. The state here is
 where training stands: the epoch and how many of its batches were trained on, as the Trainer
 counts them (a loader may have handed out more: Lightning fetches ahead when it cannot tell
 from the loader's length which batch is the last).
+
+Loaders over an IterableDataset (litdata's streaming loader among them) keep their own state, and
+loaders with a sampler of their own are left as they are.
 """
 
-from collections.abc import Iterator, Sized
+import functools
+import os
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
-from lightning.pytorch import Trainer
-from torch.utils.data import DataLoader, DistributedSampler
+from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 
 def batches_trained(trainer: Trainer) -> int | None:
@@ -26,12 +41,12 @@ class ResumableSampler(DistributedSampler):
 
     DistributedSampler makes each epoch's order from its seed and the epoch Lightning sets
     before the epoch, and Lightning uses it as it is instead of adding its own. With one
-    process it is the whole dataset, in the same kind of order. `start` skips the first samples
-    of the next pass: the ones an interrupted run had already trained on.
+    process it is the whole dataset. `start` skips the first samples of the next pass: the
+    ones an interrupted run had already trained on.
     """
 
-    def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int, shuffle: bool = True) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
         self.start = 0
 
     def __iter__(self) -> Iterator[int]:
@@ -68,4 +83,81 @@ class ResumableDataLoader(DataLoader):
         # `trainer.overfit_batches` swaps in a plain sequential sampler: nothing to resume then.
         if isinstance(self.sampler, ResumableSampler):
             self.sampler.set_epoch(state["epoch"])
-            self.sampler.start = state["batches"] * self.batch_size
+            self.sampler.start = state["batches"] * (self.batch_size or 1)
+
+
+def shuffles(loader: DataLoader) -> bool | None:
+    """Whether an ordinary DataLoader shuffles (`shuffle=True`) or not; None for a loader with a sampler of its own."""
+    sampler = loader.sampler
+    if type(sampler) is SequentialSampler:
+        return False
+    if type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(loader.dataset):
+        return True
+    return None
+
+
+def resumable(loader: Any, trainer: Trainer) -> Any:
+    """`loader` rebuilt as a ResumableDataLoader with every argument it was given, when it is an ordinary one.
+
+    An ordinary one is a plain DataLoader over a map-style dataset that batches with `batch_size`
+    in a sequential or shuffled order (an IterableDataset's loader has neither order).
+    """
+    if type(loader) is not DataLoader or loader.batch_size is None or (shuffle := shuffles(loader)) is None:
+        return loader
+    # Each process its own share, as Lightning's DistributedSampler would give it; with
+    # `use_distributed_sampler: false` the data module shares out the data itself.
+    sharing = trainer._accelerator_connector.use_distributed_sampler and trainer.distributed_sampler_kwargs
+    num_replicas, rank = (sharing["num_replicas"], sharing["rank"]) if sharing else (1, 0)
+    seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # seed_everything's, as for Lightning's own sampler
+    sampler = ResumableSampler(loader.dataset, num_replicas, rank, seed=seed, shuffle=shuffle)
+    # Lightning's own way of re-creating a loader with another sampler, which keeps its other arguments.
+    args, kwargs = _get_dataloader_init_args_and_kwargs(loader, sampler)
+    return _reinstantiate_wrapped_cls(loader, *args, explicit_cls=ResumableDataLoader, trainer=trainer, **kwargs)
+
+
+def with_own_generator(loader: DataLoader) -> DataLoader:
+    """`loader`, drawing the seeds of its worker processes from a generator of its own.
+
+    Otherwise each new iterator draws them from torch's global generator, which checkpoints
+    restore for the model's use. A loader with `persistent_workers` makes its one iterator in
+    the sanity check (which puts the draw back) in a fresh run, but later in a resumed one.
+    """
+    if loader.generator is None:
+        loader.generator = torch.Generator()
+    return loader
+
+
+class ResumableData(Callback):
+    """Make the loaders of a data module (or model) resume exactly, with no code of its own.
+
+    Lightning asks the data module for its loaders when a fit starts (and again with
+    `reload_dataloaders_every_n_epochs`). During a fit, that request returns the training
+    loaders rebuilt by `resumable` and the validation loaders `with_own_generator`, before
+    Lightning measures them or restores their state from a checkpoint.
+    """
+
+    def __init__(self) -> None:
+        self.source: LightningDataModule | LightningModule | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        # Where Lightning asks for the loaders: the data module when there is one.
+        self.source = trainer.datamodule if trainer.datamodule is not None else pl_module
+        self._replace("train_dataloader", lambda loader: resumable(with_own_generator(loader), trainer))
+        self._replace("val_dataloader", with_own_generator)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.source is not None:
+            del self.source.train_dataloader, self.source.val_dataloader  # the data module's own methods again
+            self.source = None
+
+    def _replace(self, hook: str, change: Callable[[DataLoader], DataLoader]) -> None:
+        requested: Callable[[], Any] = getattr(self.source, hook)
+
+        # `wraps` lets Lightning still tell whether the data module defines the hook itself.
+        @functools.wraps(requested)
+        def changed() -> Any:
+            return apply_to_collection(requested(), DataLoader, change)
+
+        setattr(self.source, hook, changed)
