@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
+
+from experiment_config import init_args
 
 BENCH = Path(__file__).resolve().parent
 TEMPLATE = BENCH.parent
@@ -244,8 +245,8 @@ class Runner:
         """The measured data as chunks, written once by the project's own command."""
         chunks = self.args.out / "chunks"
         if not (chunks / "train" / "index.json").exists():
-            command = [sys.executable, "-m", f"{self.args.package}.chunks", "--data-dir", str(self.data_dir),
-                       "--out", str(chunks)]  # fmt: skip
+            command = [sys.executable, "-m", f"{self.args.package}.machinery.chunks",
+                       "--data-dir", str(self.data_dir), "--out", str(chunks)]  # fmt: skip
             self._run("chunks", command, self.env)
         return chunks
 
@@ -568,9 +569,8 @@ def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, str(project / "src"))
     from importlib import import_module
 
-    precision = import_module(f"{args.package}.speed").default_precision(accelerator)
-    config = yaml.safe_load((project / "configs" / "experiment.yaml").read_text())
-    batch_size = args.batch_size or config["data"]["init_args"]["batch_size"]
+    precision = import_module(f"{args.package}.machinery.speed").default_precision(accelerator)
+    batch_size = args.batch_size or init_args(project / "configs" / "experiment.yaml", "data")["batch_size"]
     runner = Runner(args, project, data_dir, accelerator)
     started = time.monotonic()
     measured = cases(accelerator, args.glibc_malloc_defaults)

@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-import yaml
+from experiment_config import init_args
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measure for at least this long")
     args = parser.parse_args()
 
-    batch_size = args.batch_size or yaml.safe_load(Path(args.config).read_text())["data"]["init_args"]["batch_size"]
+    batch_size = args.batch_size or init_args(args.config, "data")["batch_size"]
     data = data_module(args, batch_size)
     data.setup("fit")
     loader = data.train_dataloader()
@@ -49,11 +49,11 @@ def main() -> None:
 
 def data_module(args: argparse.Namespace, batch_size: int):
     if args.chunks:
-        streaming = importlib.import_module(f"{args.package}.streaming")
+        streaming = importlib.import_module(f"{args.package}.data.streaming_images")
         return streaming.StreamingMNISTDataModule(args.chunks, batch_size=batch_size, num_workers=args.workers)
-    settings = yaml.safe_load(Path(args.config).read_text())["data"]["init_args"]
+    settings = init_args(args.config, "data")
     settings.update(data_dir=args.data_dir, download=False, batch_size=batch_size)
-    return importlib.import_module(f"{args.package}.data").MNISTDataModule(**settings)
+    return importlib.import_module(f"{args.package}.data.mnist").MNISTDataModule(**settings)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torchvision.datasets import MNIST
 
+from experiment_config import init_args
 from timing import StepClock, synchronize_on
 
 
@@ -69,8 +70,7 @@ class PlainLoop:
         precision: str = "32-true",
         batch_size: int | None = None,
     ) -> None:
-        config = yaml.safe_load(Path(config_path).read_text())
-        model_config, data_config = config["model"], config["data"]["init_args"]
+        model_config, data_config = init_args(config_path, "model"), init_args(config_path, "data")
         optimizer_config, scheduler_config = model_config["optimizer"], model_config["scheduler"]
         if (optimizer_config["class_path"], scheduler_config["class_path"]) != (
             "torch.optim.AdamW",
