@@ -3,7 +3,8 @@
 The commands are read from the ```bash blocks of README.md and launch/*/README.md (`\\` continuations
 joined, `# comments` dropped), so the test follows the READMEs as they change. The commands that can
 run on one CPU machine without network run in order, in one copy of the default project, as typed,
-with small-run options appended (never rewritten). A command that cannot run here is listed in
+with small-run options appended (never rewritten); each README from a project without runs, as a
+reader who follows it from its start. A command that cannot run here is listed in
 NOT_RUN_HERE with the test that runs it for real, or why nothing does; a README command that is
 neither run nor listed fails the first test, so no new command goes untested unnoticed.
 """
@@ -23,24 +24,42 @@ from .launch_runs import launch_environment
 
 PACKAGE = "lightning_mnist"  # the default project's package: the commands below are as its READMEs show them
 
-# Appended to every train.py command that trains, tests or predicts: a few batches of each loop.
-SMALL_RUN = [
-    "--trainer.max_epochs", "1",
-    "--trainer.limit_train_batches", "5",
-    "--trainer.limit_val_batches", "2",
-    "--trainer.limit_test_batches", "4",
-    "--trainer.limit_predict_batches", "4",
-]  # fmt: skip
+# Appended to train.py commands: a few batches of each loop.
+SMALL_RUN = {
+    "--trainer.max_epochs": "1",
+    "--trainer.limit_train_batches": "5",
+    "--trainer.limit_val_batches": "2",
+    "--trainer.limit_test_batches": "4",
+    "--trainer.limit_predict_batches": "4",
+}
 
-# The commands that run here, by prefix, with the options appended to keep them short.
+
+def nothing_runs(command: str) -> bool:
+    return "--help" in command or "--print_config" in command
+
+
+def small_run(command: str) -> list[str]:
+    """SMALL_RUN but for the settings the command makes itself (a command's own max_epochs stays)."""
+    if nothing_runs(command):
+        return []
+    own = {word.partition("=")[0] for word in shlex.split(command)}
+    return [word for option, value in SMALL_RUN.items() if option not in own for word in (option, value)]
+
+
+def sweep_options(command: str) -> list[str]:
+    """Two trials, each a small run; the command's own options for the runs, after its `--`, stay."""
+    return small_run(command) if " -- " in command else ["--count", "2", "--", *small_run(command)]
+
+
+# The commands that run here, by prefix: what is appended to them to keep them short.
 RUN_HERE = {
-    "python train.py ": SMALL_RUN,
-    "NPROC_PER_NODE=2 bash launch/torchrun/single_node.sh": SMALL_RUN,  # 2 processes over gloo
-    f"python -m {PACKAGE}.machinery.chunks ": [],
-    f"python -m {PACKAGE}.machinery.sweep ": ["--count", "2", "--", *SMALL_RUN],
+    "python train.py ": small_run,
+    "NPROC_PER_NODE=2 bash launch/torchrun/single_node.sh": small_run,  # 2 processes over gloo
+    f"python -m {PACKAGE}.machinery.chunks ": lambda command: [],
+    f"python -m {PACKAGE}.machinery.sweep ": sweep_options,
     # Offline: the project's dependencies and extras resolve from this environment; nothing is installed.
-    'pip install -e ".[dev]"': ["--no-index", "--no-build-isolation", "--dry-run"],
-    "pre-commit install": [],  # writes the git hook (the test's copy of the project is a git repository)
+    'pip install -e ".[dev]"': lambda command: ["--no-index", "--no-build-isolation", "--dry-run"],
+    "pre-commit install": lambda command: [],  # writes the git hook (the test's project is a git repository)
 }
 
 
@@ -98,8 +117,11 @@ NOT_RUN_HERE = {
 # Anywhere in a command: what it needs cannot be had here.
 NEEDS = {"s3://": "an object store"}
 
-# What a command's output must show besides exit status 0.
+# What a command's output must show besides exit status 0, by prefix. A fit validates (the log line after
+# each validation): a fit that resumes a run which already reached max_epochs trains nothing.
 EXPECTED_OUTPUT = {
+    "python train.py fit ": " val/acc=",
+    "NPROC_PER_NODE=2 bash launch/torchrun/single_node.sh": " val/acc=",
     "python train.py test --config configs/experiment.yaml --ckpt_path best": "/checkpoints/best-",
 }
 
@@ -157,7 +179,7 @@ def longest_prefix(command: str, table: dict) -> str | None:
 
 
 def how_checked(command: str, flags: list[tuple[str, ...]]) -> str:
-    """ "run", "flag", "elsewhere" or "needs"; "" for a command that is neither run nor accounted for."""
+    """How this test accounts for a command: run, flag, elsewhere or needs; "" when it does not."""
     if command.startswith("--"):
         return "flag" if tuple(shlex.split(command)) in flags else ""
     if any(needed in command for needed in NEEDS):
@@ -219,14 +241,9 @@ def offline_environment(project: Path) -> dict[str, str]:
     return env
 
 
-def appended(command: str) -> list[str]:
-    """The options RUN_HERE appends; after the command's own `--` when it has one; none when nothing trains."""
-    if "--help" in command or "--print_config" in command:
-        return []
-    options = RUN_HERE[longest_prefix(command, RUN_HERE)]
-    if "--" in options and " -- " in command:
-        return options[options.index("--") + 1 :]
-    return options
+def expected_output(command: str) -> str:
+    prefix = longest_prefix(command, EXPECTED_OUTPUT)
+    return "" if prefix is None or nothing_runs(command) else EXPECTED_OUTPUT[prefix]
 
 
 def test_readme_commands_run_on_the_shipped_digits(reader_project):
@@ -235,9 +252,12 @@ def test_readme_commands_run_on_the_shipped_digits(reader_project):
                 if how_checked(command, flags) == "run"]  # fmt: skip
     env = offline_environment(reader_project)
     raw_files = {path: path.stat().st_mtime_ns for path in (reader_project / "data" / "MNIST" / "raw").iterdir()}
-    failures = []
+    failures, previous = [], None
     for readme, command in runnable:
-        line = " ".join([command, *map(shlex.quote, appended(command))])
+        if readme != previous:
+            shutil.rmtree(reader_project / "runs", ignore_errors=True)
+            previous = readme
+        line = " ".join([command, *map(shlex.quote, RUN_HERE[longest_prefix(command, RUN_HERE)](command))])
         try:
             result = subprocess.run(["bash", "-c", line], cwd=reader_project, env=env, capture_output=True,
                                     text=True, timeout=600)  # fmt: skip
@@ -245,8 +265,9 @@ def test_readme_commands_run_on_the_shipped_digits(reader_project):
             failures.append(f"{readme}: {line}\n  did not finish in 600 s")
             continue
         output = result.stdout + result.stderr
-        expected = EXPECTED_OUTPUT.get(command, "")
+        expected = expected_output(command)
         if result.returncode != 0 or "Traceback" in output or expected not in output:
-            failures.append(f"{readme}: {line}\n  exit {result.returncode}:\n{output[-2500:]}")
+            missing = f", without {expected!r} in its output" if expected not in output else ""
+            failures.append(f"{readme}: {line}\n  exit {result.returncode}{missing}:\n{output[-2500:]}")
     assert not failures, f"{len(failures)} of {len(runnable)} README commands failed:\n\n" + "\n\n".join(failures)
     assert {path: path.stat().st_mtime_ns for path in raw_files} == raw_files  # the shipped digits, not a download
