@@ -49,6 +49,15 @@ def trained_run(default_project: Path, real_mnist: Path, tmp_path_factory: pytes
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def three_epoch_run(default_project: Path, real_mnist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run of three epochs of two steps: its run directory."""
+    run_dir = tmp_path_factory.mktemp("three-epochs") / "run"
+    ending = run_project(default_project, *fit(real_mnist, run_dir, "--trainer.max_epochs", "3"))
+    assert ending.code == 0, ending.tail()
+    return run_dir
+
+
 class Case:
     """What one bad input needs: a directory of its own, the real digits and, when asked, a trained run."""
 
@@ -68,8 +77,8 @@ class Case:
         damage(copy / "MNIST" / "raw")
         return copy
 
-    def trained_run(self) -> Path:
-        return self.request.getfixturevalue("trained_run")
+    def trained_run(self, name: str = "trained_run") -> Path:
+        return self.request.getfixturevalue(name)
 
 
 def unknown_key(case: Case) -> tuple[list[str], list[str]]:
@@ -153,6 +162,13 @@ def resume_after_changing_the_model(case: Case) -> tuple[list[str], list[str]]:
                                       "new run directory", "ckpt_path"]  # fmt: skip
 
 
+def resume_past_max_epochs(case: Case) -> tuple[list[str], list[str]]:
+    """`ckpt_path: last` in a run directory that trained 3 epochs, with max_epochs 1 (as 3 after 10 would be)."""
+    shutil.copytree(case.trained_run("three_epoch_run"), case.run_dir)
+    last = case.run_dir / "checkpoints" / "last.ckpt"
+    return [], [f"checkpoint {last} was written in epoch 3, past trainer.max_epochs 1", "new run directory"]
+
+
 def checkpoint_of_another_network(case: Case) -> tuple[list[str], list[str]]:
     """An explicit `--ckpt_path` whose network had 12 outputs (Lightning takes the other settings from it)."""
     checkpoint = torch.load(case.trained_run() / "checkpoints" / "last.ckpt", weights_only=True)
@@ -171,7 +187,7 @@ CHECKED_BEFORE_ANYTHING_STARTS = [
 ]  # fmt: skip
 CHECKED_WHEN_THE_RUN_STARTS = [
     truncated_images, garbage_images, fewer_labels_than_images, resume_after_changing_the_model,
-    checkpoint_of_another_network,
+    resume_past_max_epochs, checkpoint_of_another_network,
 ]  # fmt: skip
 
 

@@ -1,14 +1,16 @@
-"""A checkpoint whose weights do not fit the model, refused in one line that says what to do.
+"""A checkpoint that does not fit the run, refused in one line that says what to do.
 
-It happens when a run directory is reused after the model changed shape (another `model.hidden`,
-an edited network): `ckpt_path: last` finds the old run's checkpoint. torch would end the run with
-a traceback listing every mismatched tensor.
+It happens when a run directory is reused: `ckpt_path: last` finds the old run's checkpoint. If the
+model changed shape since (another `model.hidden`, an edited network), torch would end the run with
+a traceback listing every mismatched tensor; if the old run trained past this run's `max_epochs`,
+Lightning would end it with a traceback once everything is set up.
 """
 
 from functools import partial
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
@@ -16,7 +18,7 @@ from .errors import ConfigError
 
 
 class RefuseCheckpointsThatDoNotFit(Callback):
-    """Compare a checkpoint's tensors with the model's, by name and shape, just before Lightning loads them."""
+    """Compare a checkpoint's tensors with the model's, by name and shape, and its epoch with max_epochs."""
 
     def __init__(self) -> None:
         self.hook: RemovableHandle | None = None
@@ -28,6 +30,16 @@ class RefuseCheckpointsThatDoNotFit(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.hook is not None:
             self.hook.remove()
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        # Lightning refuses a fit resumed past max_epochs (the same condition) only after the set-up.
+        epoch, max_epochs = checkpoint.get("epoch", 0), trainer.max_epochs
+        if trainer.state.fn == TrainerFn.FITTING and max_epochs not in (None, -1) and epoch > max_epochs:
+            raise ConfigError(
+                f"checkpoint {trainer.ckpt_path} was written in epoch {epoch + 1}, past trainer.max_epochs"
+                f" {max_epochs}: raise trainer.max_epochs to train on from it, or start afresh in a new run"
+                " directory (--trainer.default_root_dir)"
+            )
 
 
 def refuse_if_it_does_not_fit(
