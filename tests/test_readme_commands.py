@@ -117,12 +117,15 @@ NOT_RUN_HERE = {
 # Anywhere in a command: what it needs cannot be had here.
 NEEDS = {"s3://": "an object store"}
 
-# What a command's output must show besides exit status 0, by prefix. A fit validates (the log line after
-# each validation): a fit that resumes a run which already reached max_epochs trains nothing.
+# What a command's output must show besides exit status 0, by prefix: the text, and what its absence means.
+TRAINED = (" val/acc=", "it trained nothing: it resumed a run that had reached max_epochs; give it a run directory")
 EXPECTED_OUTPUT = {
-    "python train.py fit ": " val/acc=",
-    "NPROC_PER_NODE=2 bash launch/torchrun/single_node.sh": " val/acc=",
-    "python train.py test --config configs/experiment.yaml --ckpt_path best": "/checkpoints/best-",
+    "python train.py fit ": TRAINED,
+    "NPROC_PER_NODE=2 bash launch/torchrun/single_node.sh": TRAINED,
+    "python train.py test --config configs/experiment.yaml --ckpt_path best": (
+        "/checkpoints/best-",
+        "it restored no best-* file",
+    ),
 }
 
 
@@ -241,9 +244,9 @@ def offline_environment(project: Path) -> dict[str, str]:
     return env
 
 
-def expected_output(command: str) -> str:
+def expected_output(command: str) -> tuple[str, str]:
     prefix = longest_prefix(command, EXPECTED_OUTPUT)
-    return "" if prefix is None or nothing_runs(command) else EXPECTED_OUTPUT[prefix]
+    return ("", "") if prefix is None or nothing_runs(command) else EXPECTED_OUTPUT[prefix]
 
 
 def test_readme_commands_run_on_the_shipped_digits(reader_project):
@@ -265,9 +268,9 @@ def test_readme_commands_run_on_the_shipped_digits(reader_project):
             failures.append(f"{readme}: {line}\n  did not finish in 600 s")
             continue
         output = result.stdout + result.stderr
-        expected = expected_output(command)
+        expected, meaning = expected_output(command)
         if result.returncode != 0 or "Traceback" in output or expected not in output:
-            missing = f", without {expected!r} in its output" if expected not in output else ""
+            missing = f", without {expected!r} in its output ({meaning})" if expected not in output else ""
             failures.append(f"{readme}: {line}\n  exit {result.returncode}{missing}:\n{output[-2500:]}")
     assert not failures, f"{len(failures)} of {len(runnable)} README commands failed:\n\n" + "\n\n".join(failures)
     assert {path: path.stat().st_mtime_ns for path in raw_files} == raw_files  # the shipped digits, not a download
