@@ -231,14 +231,16 @@ def reader_project(default_project, real_mnist, tmp_path_factory) -> Path:
     shutil.copytree(default_project, project, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(real_mnist / "MNIST", project / "data" / "MNIST", dirs_exist_ok=True)
     write_what_the_reader_writes(project, (project / "README.md").read_text())
-    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "init", "-q"], cwd=project, env=offline_environment(project), check=True)
     return project
 
 
 def offline_environment(project: Path) -> dict[str, str]:
-    """The project importable, no cluster variables, and any HTTP(S) request refused: nothing is downloaded."""
+    """The project importable, no cluster variables, no git configuration of this machine (pre-commit refuses
+    a core.hooksPath), and any HTTP(S) request refused: nothing is downloaded."""
     unreachable = "http://127.0.0.1:9"
-    env = launch_environment(project, HTTP_PROXY=unreachable, HTTPS_PROXY=unreachable, NO_PROXY="")
+    env = launch_environment(project, HTTP_PROXY=unreachable, HTTPS_PROXY=unreachable, NO_PROXY="",
+                             GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")  # fmt: skip
     env.update(http_proxy=unreachable, https_proxy=unreachable, no_proxy="")
     env.pop("WANDB_API_KEY", None)
     return env
