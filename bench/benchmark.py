@@ -246,7 +246,8 @@ class Runner:
         chunks = self.args.out / "chunks"
         if not (chunks / "train" / "index.json").exists():
             command = [sys.executable, "-m", f"{self.args.package}.machinery.chunks",
-                       "--data-dir", str(self.data_dir), "--out", str(chunks)]  # fmt: skip
+                       "--config", "configs/experiment.yaml", "--data.data_dir", str(self.data_dir),
+                       "--data.download", "false", "--out", str(chunks)]  # fmt: skip
             self._run("chunks", command, self.env)
         return chunks
 

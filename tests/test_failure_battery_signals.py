@@ -133,7 +133,8 @@ def test_sigterm_during_validation_ends_in_seconds_with_a_checkpoint(default_pro
 def real_chunks(default_project, real_mnist, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("chunks") / "mnist-chunks"
     package = default_project.name.replace("-", "_")
-    command = [sys.executable, "-m", f"{package}.machinery.chunks", "--data-dir", str(real_mnist), "--out", str(out)]
+    command = [sys.executable, "-m", f"{package}.machinery.chunks", "--config", "configs/experiment.yaml",
+               *in_memory(real_mnist), "--out", str(out)]  # fmt: skip
     result = subprocess.run(command, cwd=default_project, env=launch_environment(default_project),
                             capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -147,7 +148,7 @@ def test_sigterm_to_every_process_with_loader_workers_saves_a_checkpoint(
     # Slurm's scancel and time limit signal every process of the job, the loader workers too.
     log, out, marker = tmp_path / "train.log", tmp_path / "run", tmp_path / "step-5"
     if data == "streamed":
-        data_args = ["--data", "configs/data/mnist_streaming.yaml", "--data.input_dir", str(real_chunks)]
+        data_args = ["--data", "configs/data/streaming_images.yaml", "--data.input_dir", str(real_chunks)]
     else:
         data_args = in_memory(real_mnist)
     args = fit(out, data_args, "--trainer.devices", "2", "--data.num_workers", "2", "--data.batch_size", "32",

@@ -50,8 +50,9 @@ def mnist_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def mnist_chunks(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The synthetic MNIST converted into chunks by the project's own command."""
     out = tmp_path_factory.mktemp("chunks") / "mnist-chunks"
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.machinery.chunks", "--data-dir", str(mnist_dir),
-               "--out", str(out), "--workers", "2"]  # fmt: skip
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.machinery.chunks",
+               "--config", str(PROJECT_ROOT / "configs" / "experiment.yaml"), "--data.data_dir", str(mnist_dir),
+               "--data.download", "false", "--out", str(out), "--workers", "2"]  # fmt: skip
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -78,7 +79,7 @@ def streaming_run_args(chunks_dir: Path, run_dir: Path) -> list[str]:
     """The same, streamed from chunks: 16 images a batch, so 2 processes x 2 workers share them evenly."""
     return [
         "--config", str(PROJECT_ROOT / "configs" / "experiment.yaml"),
-        "--data", str(PROJECT_ROOT / "configs" / "data" / "mnist_streaming.yaml"),
+        "--data", str(PROJECT_ROOT / "configs" / "data" / "streaming_images.yaml"),
         "--data.input_dir", str(chunks_dir),
         "--data.batch_size", "16",
         *quick_trainer_args(run_dir),

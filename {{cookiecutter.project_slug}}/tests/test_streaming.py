@@ -1,4 +1,4 @@
-"""The streaming data path: chunks written by chunks.py, read by streaming.py, shared out over processes and workers."""
+"""The streaming data path: chunks written by chunks.py, read by streaming_images.py, shared by processes, workers."""
 
 import json
 from collections import Counter
@@ -6,15 +6,25 @@ from collections import Counter
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.data.streaming_images import StreamingMNISTDataModule, check_chunks
+from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
+from {{ cookiecutter.package_name }}.data.streaming_images import StreamingImageDataModule, check_chunks
 from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
 from .conftest import run_train, streaming_run_args
-from .training_samples import recorded, sample_ids, training_images
+from .training_samples import recorded, sample_ids
+
+
+def training_images(mnist_dir, mnist_chunks) -> torch.Tensor:
+    """The in-memory training split's images normalised as the streaming path normalises them, to compare ids with."""
+    mnist = MNISTDataModule(data_dir=str(mnist_dir), download=False)
+    mnist.setup("fit")
+    streaming = StreamingImageDataModule(input_dir=str(mnist_chunks))
+    return streaming.on_after_batch_transfer(mnist.train_set.tensors, dataloader_idx=0)[0]
 
 
 def test_chunks_hold_the_same_splits_as_the_in_memory_path(mnist_dir, mnist_chunks):
-    data = StreamingMNISTDataModule(input_dir=str(mnist_chunks), batch_size=64, num_workers=0)
+    data = StreamingImageDataModule(input_dir=str(mnist_chunks), batch_size=64, num_workers=0)
+    assert (data.in_channels, data.num_classes) == (1, 10)  # from the chunks' info/, for the model
     data.setup("fit")
     assert (len(data.train_set), len(data.val_set)) == (576, 64)
     streamed = []
@@ -22,7 +32,7 @@ def test_chunks_hold_the_same_splits_as_the_in_memory_path(mnist_dir, mnist_chun
         images, _ = batch
         assert images.dtype == torch.uint8 and images.shape[1:] == (1, 28, 28)  # decoded in the workers
         streamed += sample_ids(data.on_after_batch_transfer(batch, dataloader_idx=0)[0])
-    assert sorted(streamed) == sorted(sample_ids(training_images(mnist_dir)))  # same pixels, PNG round trip
+    assert sorted(streamed) == sorted(sample_ids(training_images(mnist_dir, mnist_chunks)))  # PNG round trip
     data.setup("test")
     assert len(data.test_set) == 160
 
@@ -40,7 +50,7 @@ def test_one_epoch_on_2_processes_x_2_workers_trains_on_every_sample_once(mnist_
     assert len(seen[0]) == len(seen[1])  # the same number of steps on every process
     counts = Counter(seen[0] + seen[1])
     assert set(counts.values()) == {1}, f"{sum(count > 1 for count in counts.values())} samples seen twice or more"
-    assert sorted(counts) == sorted(sample_ids(training_images(mnist_dir))), "samples missing"
+    assert sorted(counts) == sorted(sample_ids(training_images(mnist_dir, mnist_chunks))), "samples missing"
 
 
 def damage(chunks, case: str):
@@ -62,7 +72,7 @@ def damage(chunks, case: str):
 @pytest.mark.parametrize("case", ["missing", "empty", "damaged index", "truncated chunk"])
 def test_a_broken_chunk_folder_is_named_in_one_line(mnist_chunks, tmp_path, case):
     chunks = tmp_path / "chunks"
-    for split in ("train", "val", "test"):
+    for split in ("info", "train", "val", "test"):
         (chunks / split).mkdir(parents=True)
         for path in (mnist_chunks / split).iterdir():
             (chunks / split / path.name).write_bytes(path.read_bytes())

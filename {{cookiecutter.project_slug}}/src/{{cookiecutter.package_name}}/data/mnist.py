@@ -6,8 +6,8 @@ Batches are turned into normalised floats after they reach the device (`on_after
 where that work is cheapest. With `on_device: true` the tensors live on the GPU and batches are
 cut there, so nothing is copied per step.
 
-To use your own data, replace `_load_split` (and the constants below) and keep the rest. Data
-too big for memory streams from chunks instead: streaming.py.
+Images of your own in class folders need no code: image_folder.py. Data too big for memory
+streams from chunks instead (machinery/chunks.py writes them, streaming_images.py reads them).
 """
 
 import math

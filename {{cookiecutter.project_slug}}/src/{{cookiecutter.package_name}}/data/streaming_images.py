@@ -1,15 +1,18 @@
-"""MNIST streamed from litdata chunks: the data path for datasets bigger than memory.
+"""Images streamed from litdata chunks: the data path for datasets bigger than memory.
 
-    python -m {{ cookiecutter.package_name }}.machinery.chunks --data-dir data --out data/mnist-chunks   # once
-    python train.py fit --config configs/experiment.yaml --data configs/data/mnist_streaming.yaml
+    python -m {{ cookiecutter.package_name }}.machinery.chunks --config configs/experiment.yaml --out data/mnist-chunks
+    python train.py fit --config configs/experiment.yaml --data configs/data/streaming_images.yaml
 
-The chunks may lie in a local folder, on a shared file system or in an object store
-(`s3://...`, `gs://...`; litdata caches what it reads). Every process reads its own share of
-them and every loader worker a share of that, so each sample is seen once per epoch; the
-workers decode the images, and the batches become normalised floats on the device (data.py).
-The training loader resumes mid-epoch, like the in-memory one (resumable.py).
+The chunks (of any image data module, written by machinery/chunks.py) may lie in a local folder,
+on a shared file system or in an object store (`s3://...`, `gs://...`; litdata caches what it
+reads). Their `info/` says how many channels and classes the images have (the model is built
+for them) and how to normalise them. Every process reads its own share of the chunks and every
+loader worker a share of that, so each sample is seen once per epoch; the workers decode the
+images, and the batches become normalised floats on the device. The training loader resumes
+mid-epoch, like the in-memory one (machinery/resumable.py).
 """
 
+import io
 import json
 import os
 import warnings
@@ -19,24 +22,24 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningDataModule, Trainer
 from litdata import StreamingDataLoader, StreamingDataset
+from PIL import Image
 from pydantic import NonNegativeInt, PositiveInt
 from torch import Tensor
-from torchvision.io import decode_png
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..machinery.errors import ConfigError
 from ..machinery.resumable import batches_trained
-from .mnist import normalised
 
 # litdata gives every loader worker its own share of the samples, so the length it reports is exact.
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
 
 
-class EncodedDigits(StreamingDataset):
-    """The samples chunks.py wrote, decoded: a uint8 image (1, 28, 28) and its label."""
+class EncodedImages(StreamingDataset):
+    """The samples chunks.py wrote, decoded: a uint8 image (channels, height, width) and its label."""
 
     def __getitem__(self, index: Any) -> tuple[Tensor, int]:
         sample = super().__getitem__(index)
-        return decode_png(torch.frombuffer(bytearray(sample["image"]), dtype=torch.uint8)), sample["label"]
+        return pil_to_tensor(Image.open(io.BytesIO(sample["image"]))), sample["label"]
 
 
 class ResumableStreamingDataLoader(StreamingDataLoader):
@@ -86,18 +89,21 @@ def check_chunks(folder: str) -> None:
             raise ConfigError(f"chunk folder {path}: {chunk['filename']} is {found}; {convert}")
 
 
-class StreamingMNISTDataModule(LightningDataModule):
-    """MNIST train/val/test from the chunk folders chunks.py writes.
+def chunk_info(input_dir: str) -> dict[str, Any]:
+    """What chunks.py found out about the images: in_channels, num_classes, and their per-channel mean and std."""
+    check_chunks(f"{input_dir}/info")
+    return json.loads(StreamingDataset(f"{input_dir}/info")[0])
+
+
+class StreamingImageDataModule(LightningDataModule):
+    """Train/val/test images from the chunk folders chunks.py writes.
 
     Args:
-        input_dir: the folder or URL holding `train/`, `val/` and `test/`.
+        input_dir: the folder or URL holding `info/`, `train/`, `val/` and `test/`.
         batch_size: images per batch on each process.
         num_workers: loader worker processes per training process; they read and decode.
         max_cache_size: how much of a remote dataset litdata keeps on local disk.
     """
-
-    in_channels = 1
-    num_classes = 10
 
     def __init__(
         self, input_dir: str = "data/mnist-chunks", batch_size: PositiveInt = 128, num_workers: NonNegativeInt = 2,
@@ -109,12 +115,16 @@ class StreamingMNISTDataModule(LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.max_cache_size = max_cache_size
+        # What the model needs to know, read before setup: the command line passes it on to the model.
+        info = chunk_info(self.input_dir)
+        self.in_channels, self.num_classes = info["in_channels"], info["num_classes"]
+        self.mean, self.std = torch.tensor(info["mean"]), torch.tensor(info["std"])
 
     def setup(self, stage: str) -> None:
         splits = ("train", "val") if stage == "fit" else ("val",) if stage == "validate" else ("test",)
         for split in splits:
             check_chunks(f"{self.input_dir}/{split}")
-        # The order's seed is seed_everything's, as in data.py.
+        # The order's seed is seed_everything's, as for the in-memory loaders.
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         if "train" in splits:
             self.train_set = self._dataset("train", shuffle=True, seed=seed)
@@ -136,10 +146,12 @@ class StreamingMNISTDataModule(LightningDataModule):
         return self.test_dataloader()
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
-        return normalised(batch)
+        images, labels = batch
+        mean, std = (values.to(images.device).view(1, -1, 1, 1) for values in (self.mean, self.std))
+        return images.float().div_(255).sub_(mean).div_(std), labels
 
-    def _dataset(self, split: str, **options: Any) -> EncodedDigits:
-        return EncodedDigits(f"{self.input_dir}/{split}", max_cache_size=self.max_cache_size, **options)
+    def _dataset(self, split: str, **options: Any) -> EncodedImages:
+        return EncodedImages(f"{self.input_dir}/{split}", max_cache_size=self.max_cache_size, **options)
 
     def _loader_options(self) -> dict[str, Any]:
         return {
@@ -147,6 +159,6 @@ class StreamingMNISTDataModule(LightningDataModule):
             "num_workers": self.num_workers,
             "persistent_workers": self.num_workers > 0,
             "pin_memory": self.trainer is not None and self.trainer.strategy.root_device.type == "cuda",
-            # Worker seeds from a generator of its own: torch's global one is the model's (data.py).
+            # Worker seeds from a generator of its own: torch's global one is the model's.
             "generator": torch.Generator(),
         }
