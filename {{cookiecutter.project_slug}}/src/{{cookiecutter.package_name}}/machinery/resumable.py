@@ -147,6 +147,12 @@ class ResumableData(Callback):
         self._replace("train_dataloader", lambda loader: resumable(with_own_generator(loader), trainer))
         self._replace("val_dataloader", with_own_generator)
 
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # A model that reads `trainer.estimated_stepping_batches` in configure_optimizers (for a learning-rate
+        # schedule) makes Lightning load the training loaders before it reads the checkpoint, and then never
+        # hand them their state: it is handed over here, before the first batch is drawn (once; no-op otherwise).
+        trainer.fit_loop._load_combined_loader_states()
+
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.source is not None:
             del self.source.train_dataloader, self.source.val_dataloader  # the data module's own methods again
