@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.data.image_folder import ImageFolderDataModule
 from {{ cookiecutter.package_name }}.data.streaming_images import StreamingImageDataModule
+from {{ cookiecutter.package_name }}.machinery.chunks import datasets
 from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
 from .conftest import PROJECT_ROOT, clean_env
@@ -114,8 +115,12 @@ def test_a_folder_of_rgba_images_converts_to_chunks_that_stream_the_same_pixels(
 class FloatSamples(LightningDataModule):
     """A data module whose samples are float vectors, not images."""
 
+    def __init__(self, size: int = 8) -> None:
+        super().__init__()
+        self.size = size
+
     def setup(self, stage: str) -> None:
-        self.dataset = TensorDataset(torch.rand(8, 5), torch.zeros(8, dtype=torch.long))
+        self.dataset = TensorDataset(torch.rand(self.size, 5), torch.zeros(self.size, dtype=torch.long))
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.dataset)
@@ -132,3 +137,8 @@ def test_a_data_module_without_images_is_refused_in_one_line(tmp_path):
     )
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "chunks").exists()
+
+
+def test_an_empty_split_is_refused():
+    with pytest.raises(ConfigError, match="FloatSamples: the train dataset is empty"):
+        datasets(FloatSamples(size=0), ["train", "val"])

@@ -67,7 +67,13 @@ def datasets(data: LightningDataModule, splits: list[str]) -> dict[str, Dataset]
     data.prepare_data()
     for stage in dict.fromkeys(STAGES[split] for split in splits):
         data.setup(stage)
-    return {split: getattr(data, f"{split}_dataloader")().dataset for split in splits}
+    found = {split: getattr(data, f"{split}_dataloader")().dataset for split in splits}
+    for split, dataset in found.items():
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise ConfigError(f"{type(data).__name__}: the {split} dataset has no length and indexing to read it by")
+        if len(dataset) == 0:
+            raise ConfigError(f"{type(data).__name__}: the {split} dataset is empty")
+    return found
 
 
 def described(value: Any) -> str:
