@@ -19,9 +19,11 @@ Debug a launch without training: `python -m {{ cookiecutter.package_name }}.mach
 
 import os
 import re
+import warnings
 from dataclasses import dataclass
 
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
+from lightning.fabric.utilities.warnings import PossibleUserWarning
 
 from .launch_variables import ClusterConfigError, require, require_int, require_port, require_rank_and_size
 from .node_level import NodeLevelEnvironment
@@ -65,7 +67,7 @@ def detect_platform(settings: ClusterSettings | None = None) -> Platform:
         )
         _refuse_a_launcher_on_fewer_nodes_than_sing(platform, settings.main_port)
         return platform
-    if SLURMEnvironment.detect():
+    if _started_by_srun():
         tasks_variable, tasks_per_node = _slurm_tasks_per_node()
         return Platform(
             "Slurm",
@@ -126,6 +128,14 @@ def _refuse_a_launcher_on_fewer_nodes_than_sing(launcher: Platform, main_port: i
         f" --rdzv-endpoint {main_address}:{main_port} --rdzv-id $SING_JOB_NAME,"
         " or without torchrun (Lightning then starts one process per GPU)"
     )
+
+
+def _started_by_srun() -> bool:
+    # Lightning's check also warns whenever srun is installed but did not start this process: on a
+    # machine with Slurm installed, every other launch (and every refused one) would print it first.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PossibleUserWarning)
+        return SLURMEnvironment.detect()
 
 
 def _slurm_tasks_per_node() -> tuple[str, int | None]:
