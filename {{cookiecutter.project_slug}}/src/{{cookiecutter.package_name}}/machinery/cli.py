@@ -8,6 +8,7 @@ so this module never imports the researcher's code. Everything a run writes goes
 import logging
 import os
 import sys
+import time
 import traceback
 from datetime import timedelta
 
@@ -129,6 +130,9 @@ def _show_info_logs() -> None:
         logger.addHandler(logging.StreamHandler())
 
 
+LAUNCHER_STOPS_THE_OTHERS_SECONDS = 10.0
+
+
 def main(args: list[str] | None = None) -> None:
     _show_info_logs()
     try:
@@ -142,9 +146,12 @@ def main(args: list[str] | None = None) -> None:
             args=args,
         )
     except (ArgumentError, ConfigError) as error:
-        # Under torchrun and Slurm every process of a node finds the same error: the first one says it.
-        if os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":
-            print(f"error: {one_line(error)}", file=sys.stderr)
+        # Under torchrun and Slurm every process of a node finds the same error: the first one says it
+        # and ends, and the launcher stops the others while they wait. Should the launcher not stop
+        # them (an error of theirs alone), they say it after all.
+        if os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) != "0":
+            time.sleep(LAUNCHER_STOPS_THE_OTHERS_SECONDS)
+        print(f"error: {one_line(error)}", file=sys.stderr)
         sys.exit(CONFIG_ERROR)
     except NodesDidNotArrive as error:
         print(f"error: {error}", file=sys.stderr)
