@@ -10,10 +10,10 @@ import pytest
 from .conftest import ANSWER_SETS, TEMPLATE
 
 ANSWER_DEPENDENT_TESTS = [
-    "tests/test_model.py",
-    "tests/test_cluster.py",
-    "tests/test_cli.py::test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory",
-    "tests/test_cli.py::test_print_config_is_complete_and_reusable",
+    "tests/example/test_model.py",
+    "tests/machinery/test_cluster.py",
+    "tests/machinery/test_cli.py::test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory",
+    "tests/machinery/test_cli.py::test_print_config_is_complete_and_reusable",
 ]
 
 

@@ -13,6 +13,7 @@ from .conftest import ANSWER_SETS
 
 EXPECTED_FILES = [
     "README.md", "pyproject.toml", ".gitignore", "train.py", "configs/experiment.yaml", "tests/conftest.py",
+    "tests/machinery/conftest.py", "tests/machinery/tiny.py", "tests/example/conftest.py",
 ]  # fmt: skip
 LEFTOVER = re.compile(r"\{\{|\{%|cookiecutter", re.IGNORECASE)
 

@@ -110,7 +110,7 @@ NOT_RUN_HERE = {
     ),
     "torchrun --nnodes $SING_WORLD_SIZE": Elsewhere(
         "SING's variables, on several nodes",
-        "project: tests/test_multinode.py::test_torchrun_inside_sing_nodes_forms_one_job_of_every_process",
+        "project: tests/machinery/test_multinode.py::test_torchrun_inside_sing_nodes_forms_one_job_of_every_process",
     ),
 }
 
@@ -169,8 +169,8 @@ def readme_commands(project: Path) -> list[tuple[str, str]]:
 
 
 def everyday_flags(project: Path) -> list[tuple[str, ...]]:
-    """The flag sets the project's tests/test_everyday_flags.py trains with (its EVERYDAY_FLAGS)."""
-    module = ast.parse((project / "tests" / "test_everyday_flags.py").read_text())
+    """The flag sets the project's tests/machinery/test_everyday_flags.py trains with (its EVERYDAY_FLAGS)."""
+    module = ast.parse((project / "tests" / "machinery" / "test_everyday_flags.py").read_text())
     (value,) = (node.value for node in module.body if isinstance(node, ast.Assign)
                 and any(getattr(target, "id", None) == "EVERYDAY_FLAGS" for target in node.targets))  # fmt: skip
     return [tuple(flags) for flags in ast.literal_eval(value).values()]
@@ -199,7 +199,7 @@ def test_every_readme_command_is_run_or_accounted_for(default_project):
     unaccounted = [f"{readme}: {command}" for readme, command in commands if not how_checked(command, flags)]
     assert not unaccounted, (
         "README commands that are neither run by this test nor listed in its NOT_RUN_HERE (a flag line must be one"
-        " of the project's tests/test_everyday_flags.py EVERYDAY_FLAGS):\n" + "\n".join(unaccounted)
+        " of the project's tests/machinery/test_everyday_flags.py EVERYDAY_FLAGS):\n" + "\n".join(unaccounted)
     )
     listed = [prefix for prefix in NOT_RUN_HERE if not any(command.startswith(prefix) for _, command in commands)]
     assert not listed, f"NOT_RUN_HERE lists commands no README shows any more: {listed}"

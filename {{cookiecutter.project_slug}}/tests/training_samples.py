@@ -12,8 +12,6 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
-
 
 def sample_ids(images: torch.Tensor) -> list[str]:
     """One id per image: a digest of its pixels (the test images are all different)."""
@@ -40,10 +38,3 @@ def recorded(out_dir: Path, rank: int) -> dict[int, list[str]]:
         batch = json.loads(line)
         epochs[batch["epoch"]].extend(batch["samples"])
     return dict(epochs)
-
-
-def training_images(mnist_dir: Path) -> torch.Tensor:
-    """The training split's images as training sees them (normalised), to compare ids with."""
-    data = MNISTDataModule(data_dir=str(mnist_dir), download=False)
-    data.setup("fit")
-    return data.on_after_batch_transfer(data.train_set.tensors, dataloader_idx=0)[0]

@@ -12,10 +12,10 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from {{ cookiecutter.package_name }}.machinery.resumable import ResumableData, ResumableDataLoader, ResumableSampler
 
-from .conftest import PROJECT_ROOT, clean_env, quick_trainer_args, run_train
+from ..conftest import clean_env, quick_trainer_args, run_train
+from ..training_samples import recorded
 from .test_reliability import load, paced, start, wait_for, whole_epochs
-from .tiny_training import TinyClassifier
-from .training_samples import recorded
+from .tiny import TinyClassifier
 
 TRAIN_SIZE, BATCH_SIZE = 200, 8
 
@@ -58,8 +58,8 @@ def trained_on(run_dir: Path, rank: int) -> dict[int, list[str]]:
     return recorded(run_dir / "samples", rank)
 
 
-def random_floats(size: int) -> TensorDataset:
-    return TensorDataset(torch.randn(size, 16), torch.zeros(size, dtype=torch.long))
+def random_images(size: int) -> TensorDataset:
+    return TensorDataset(torch.randn(size, 1, 4, 4), torch.zeros(size, dtype=torch.long))
 
 
 def stacked(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,7 +69,7 @@ def stacked(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Ten
 
 
 def test_an_ordinary_loader_is_rebuilt_resumable_with_every_argument_it_was_given():
-    dataset = random_floats(40)
+    dataset = random_images(40)
     loader = DataLoader(dataset, batch_size=6, shuffle=False, drop_last=True, collate_fn=stacked, num_workers=1,
                         timeout=30)  # fmt: skip
     data = TrainLoaders(loader)
@@ -87,7 +87,7 @@ def test_an_ordinary_loader_is_rebuilt_resumable_with_every_argument_it_was_give
 
 def test_a_shuffled_loader_takes_its_order_from_the_seed_and_the_epoch(monkeypatch):
     monkeypatch.setenv("PL_GLOBAL_SEED", "7")
-    dataset = random_floats(40)
+    dataset = random_images(40)
     kept = fit(TrainLoaders(DataLoader(dataset, batch_size=4, shuffle=True)))
     sampler = kept.loader.sampler
     assert sampler.shuffle and sampler.seed == 7 and sampler.epoch == 0
@@ -98,15 +98,15 @@ def test_a_shuffled_loader_takes_its_order_from_the_seed_and_the_epoch(monkeypat
 class Stream(IterableDataset):
     def __iter__(self):
         for _ in range(16):
-            yield torch.randn(16), torch.tensor(0)
+            yield torch.randn(1, 4, 4), torch.tensor(0)
 
 
 @pytest.mark.parametrize(
     "loader",
     [
         DataLoader(Stream(), batch_size=4),
-        DataLoader(random_floats(40), batch_size=4, sampler=[5, 0, 7, 2, 9, 1, 3, 4]),
-        DataLoader(random_floats(40), batch_sampler=[[1, 2], [3, 4]]),
+        DataLoader(random_images(40), batch_size=4, sampler=[5, 0, 7, 2, 9, 1, 3, 4]),
+        DataLoader(random_images(40), batch_sampler=[[1, 2], [3, 4]]),
     ],
     ids=["iterable-dataset", "own-sampler", "own-batch-sampler"],
 )
@@ -119,7 +119,7 @@ def test_loaders_with_an_order_of_their_own_are_left_as_they_are(loader):
 @pytest.mark.parametrize(
     ("devices", "workers"), [(1, 0), (2, 0), (1, 2)], ids=["1-process", "2-processes", "1-process-2-workers"]
 )
-def test_sigterm_mid_epoch_then_the_same_command_trains_the_same_weights(devices, workers, tmp_path):
+def test_sigterm_mid_epoch_then_the_same_command_trains_the_same_weights(devices, workers, experiment, tmp_path):
     """A data module returning `DataLoader(dataset, batch_size=8, shuffle=True)`, preempted and restarted.
 
     With workers, its loaders keep them between epochs (`persistent_workers`), as many do.
@@ -127,12 +127,13 @@ def test_sigterm_mid_epoch_then_the_same_command_trains_the_same_weights(devices
     # Configs of their own, every argument given (JSON is YAML too).
     model, data = tmp_path / "model.yaml", tmp_path / "data.yaml"
     tiny_model = {"hidden": 32, "dropout": 0.3, "lr": 0.01}
-    tiny_data = {"train_size": TRAIN_SIZE, "val_size": 32, "batch_size": BATCH_SIZE, "num_workers": workers}
-    model.write_text(json.dumps({"class_path": "tests.tiny_training.TinyClassifier", "init_args": tiny_model}))
-    data.write_text(json.dumps({"class_path": "tests.tiny_training.RandomFloats", "init_args": tiny_data}))
+    tiny_data = {"train_size": TRAIN_SIZE, "val_size": 32, "test_size": 32, "batch_size": BATCH_SIZE,
+                 "num_workers": workers}  # fmt: skip
+    model.write_text(json.dumps({"class_path": "tests.machinery.tiny.TinyClassifier", "init_args": tiny_model}))
+    data.write_text(json.dumps({"class_path": "tests.machinery.tiny.TinyDataModule", "init_args": tiny_data}))
 
     def args(run: str, *extra: str) -> list[str]:
-        return ["fit", "--config", str(PROJECT_ROOT / "configs" / "experiment.yaml"),
+        return ["fit", "--config", str(experiment),
                 "--model", str(model), "--data", str(data), *quick_trainer_args(tmp_path / run), *whole_epochs(2),
                 "--trainer.devices", str(devices),
                 "--trainer.callbacks+=tests.training_samples.RecordTrainingSamples",

@@ -14,18 +14,19 @@ import pytest
 import torch
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 
-from .conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, quick_run_args, run_train, streaming_run_args
-from .training_samples import recorded
+from ..conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, quick_run_args, run_train
+from ..training_samples import recorded
+from .conftest import streaming_run_args
 
 pytestmark = pytest.mark.slow
 
-STEPS_PER_EPOCH = 18  # 640 synthetic training images, 10% held out for validation, batches of 32
+STEPS_PER_EPOCH = 18  # the tiny data's 576 training images, batches of 32
 TWO_PROCESS_STEPS_PER_EPOCH = STEPS_PER_EPOCH // 2  # each process takes half of every epoch
 
 
-def full_epochs_args(data_dir: Path, run_dir: Path, epochs: int = 2) -> list[str]:
+def full_epochs_args(experiment: Path, run_dir: Path, epochs: int = 2) -> list[str]:
     """Whole epochs (not a few batches), so that an interruption can land mid-epoch."""
-    return [*quick_run_args(data_dir, run_dir), *whole_epochs(epochs)]
+    return [*quick_run_args(experiment, run_dir), *whole_epochs(epochs)]
 
 
 def whole_epochs(epochs: int = 2) -> list[str]:
@@ -121,9 +122,9 @@ def test_lightnings_process_watcher_spares_the_node_once_its_processes_leave_the
     assert watcher._run() and killed == []
 
 
-def test_sigterm_mid_epoch_saves_a_resumable_checkpoint_and_exits_143(mnist_dir, tmp_path):
+def test_sigterm_mid_epoch_saves_a_resumable_checkpoint_and_exits_143(experiment, tmp_path):
     run_dir, marker, log = tmp_path / "run", tmp_path / "step-5", tmp_path / "train.log"
-    args = ["fit", *full_epochs_args(mnist_dir, run_dir), "--trainer.devices", "2", *paced(marker, at_step=5)]
+    args = ["fit", *full_epochs_args(experiment, run_dir), "--trainer.devices", "2", *paced(marker, at_step=5)]
     job = start(args, clean_env(), log)
     wait_for(marker, job, log)
     job.send_signal(signal.SIGTERM)  # to the job's first process only, as Kubernetes and Docker do
@@ -146,11 +147,11 @@ def test_sigterm_mid_epoch_saves_a_resumable_checkpoint_and_exits_143(mnist_dir,
     assert not (checkpoints / "preempted.ckpt").exists()
 
 
-def test_sigterm_to_every_process_of_the_job_still_saves_a_checkpoint(mnist_dir, tmp_path):
+def test_sigterm_to_every_process_of_the_job_still_saves_a_checkpoint(experiment, tmp_path):
     # Slurm signals every process of a task, wandb's service process among them, which then ends;
     # the run logs every step here, so a wandb call comes between the signal and the stop.
     run_dir, marker, log = tmp_path / "run", tmp_path / "step-3", tmp_path / "train.log"
-    args = ["fit", *full_epochs_args(mnist_dir, run_dir), "--trainer.devices", "2",
+    args = ["fit", *full_epochs_args(experiment, run_dir), "--trainer.devices", "2",
             "--trainer.log_every_n_steps", "1", *paced(marker, at_step=3)]  # fmt: skip
     job = start(args, clean_env(), log)
     wait_for(marker, job, log)
@@ -162,9 +163,9 @@ def test_sigterm_to_every_process_of_the_job_still_saves_a_checkpoint(mnist_dir,
     assert load(run_dir / "checkpoints" / "preempted.ckpt")["global_step"] > 3
 
 
-def test_sigterm_during_the_sanity_check_ends_every_process_at_once_saving_nothing(mnist_dir, tmp_path):
+def test_sigterm_during_the_sanity_check_ends_every_process_at_once_saving_nothing(experiment, tmp_path):
     run_dir, marker, log = tmp_path / "run", tmp_path / "sanity-check", tmp_path / "train.log"
-    args = ["fit", *full_epochs_args(mnist_dir, run_dir), "--trainer.devices", "2",
+    args = ["fit", *full_epochs_args(experiment, run_dir), "--trainer.devices", "2",
             "--trainer.callbacks+=tests.pacing.PaceSanityCheck", "--trainer.callbacks.marker", str(marker)]  # fmt: skip
     job = start(args, clean_env(), log)
     wait_for(marker, job, log)
@@ -175,12 +176,12 @@ def test_sigterm_during_the_sanity_check_ends_every_process_at_once_saving_nothi
     assert not (run_dir / "checkpoints" / "preempted.ckpt").exists()
 
 
-def test_restart_resumes_exactly_and_continues_the_same_wandb_run(mnist_dir, tmp_path):
-    uninterrupted = run_train("fit", *full_epochs_args(mnist_dir, tmp_path / "a", epochs=2))
+def test_restart_resumes_exactly_and_continues_the_same_wandb_run(experiment, tmp_path):
+    uninterrupted = run_train("fit", *full_epochs_args(experiment, tmp_path / "a", epochs=2))
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
-    first = run_train("fit", *full_epochs_args(mnist_dir, tmp_path / "b", epochs=1))
+    first = run_train("fit", *full_epochs_args(experiment, tmp_path / "b", epochs=1))
     assert first.returncode == 0, first.stderr[-4000:]
-    resumed = run_train("fit", *full_epochs_args(mnist_dir, tmp_path / "b", epochs=2))
+    resumed = run_train("fit", *full_epochs_args(experiment, tmp_path / "b", epochs=2))
     assert resumed.returncode == 0, resumed.stderr[-4000:]
 
     expected, actual = (load(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("a", "b"))
@@ -198,14 +199,14 @@ def test_restart_resumes_exactly_and_continues_the_same_wandb_run(mnist_dir, tmp
     [("in memory", 1), ("in memory", 2), ("streamed", 1), ("streamed", 2)],
     ids=["in-memory-1-process", "in-memory-2-processes", "streamed-1-process", "streamed-2-processes"],
 )
-def test_a_mid_epoch_resume_trains_on_exactly_the_rest_of_the_epoch(data, devices, mnist_dir, mnist_chunks, tmp_path):
+def test_a_mid_epoch_resume_trains_on_exactly_the_rest_of_the_epoch(data, devices, experiment, tiny_chunks, tmp_path):
     """SIGTERM mid-epoch, then the same command: the same samples in the same order, and the same weights."""
 
     def args(run: str, *extra: str) -> list[str]:
         if data == "in memory":
-            run_args = quick_run_args(mnist_dir, tmp_path / run)
+            run_args = quick_run_args(experiment, tmp_path / run)
         else:
-            run_args = streaming_run_args(mnist_chunks, tmp_path / run)
+            run_args = streaming_run_args(experiment, tiny_chunks, tmp_path / run)
         return ["fit", *run_args, *whole_epochs(2), "--trainer.devices", str(devices), "--data.num_workers", "2",
                 "--trainer.callbacks+=tests.training_samples.RecordTrainingSamples",
                 "--trainer.callbacks.out_dir", str(tmp_path / run / "samples"), *extra]  # fmt: skip
@@ -241,9 +242,9 @@ def start_pod_nodes(args: list[str], port: int, nodes: range, tmp_path: Path) ->
     return [start(args, clean_env(**common, RANK=str(rank)), tmp_path / f"node{rank}.log") for rank in nodes]
 
 
-def test_a_lost_node_ends_the_job_instead_of_hanging(mnist_dir, tmp_path):
+def test_a_lost_node_ends_the_job_instead_of_hanging(experiment, tmp_path):
     marker = tmp_path / "step-3"
-    args = ["fit", *full_epochs_args(mnist_dir, tmp_path / "run"), "--trainer.devices", "2",
+    args = ["fit", *full_epochs_args(experiment, tmp_path / "run"), "--trainer.devices", "2",
             "--cluster.timeout", "0:00:20", *paced(marker, at_step=3)]  # fmt: skip
     node0, node1 = start_pod_nodes(args, free_port(), range(2), tmp_path)
     wait_for(marker, node0, tmp_path / "node0.log")
@@ -261,9 +262,9 @@ def test_a_lost_node_ends_the_job_instead_of_hanging(mnist_dir, tmp_path):
     assert code == 75, log[-4000:]  # exit_codes.LOST_NODE: worth retrying
 
 
-def test_a_node_that_never_arrives_ends_the_job(mnist_dir, tmp_path):
+def test_a_node_that_never_arrives_ends_the_job(experiment, tmp_path):
     port = free_port()
-    args = ["fit", *quick_run_args(mnist_dir, tmp_path / "run"), "--trainer.devices", "2"]
+    args = ["fit", *quick_run_args(experiment, tmp_path / "run"), "--trainer.devices", "2"]
     args += ["--cluster.timeout", "0:00:10"]
     (node0,) = start_pod_nodes(args, port, range(1), tmp_path)
     code = exit_code(node0, timeout=10 + 60, hang="node 0 waited forever for node 1")
@@ -291,22 +292,22 @@ def write_malicious_checkpoint(path: Path, proof: Path) -> None:
     [
         ("unknown key", "hiden"),
         ("wrong type in YAML", "max_epochs"),
-        ("missing data", "not found in"),
+        ("data that cannot be read", "data.train_size must be at least 1"),
         ("missing checkpoint", "does not exist"),
         ("not a checkpoint", "is not a checkpoint"),
         ("checkpoint that runs code", "refused to load"),
     ],
 )
-def test_bad_input_is_refused_with_one_clear_message(mnist_dir, tmp_path, case, message):
+def test_bad_input_is_refused_with_one_clear_message(experiment, tmp_path, case, message):
     run_dir, proof = tmp_path / "run", tmp_path / "code-ran"
-    args = ["fit", *quick_run_args(mnist_dir, run_dir)]
+    args = ["fit", *quick_run_args(experiment, run_dir)]
     if case == "unknown key":
         args += ["--model.hiden", "3"]
     elif case == "wrong type in YAML":
         (tmp_path / "bad.yaml").write_text("trainer:\n  max_epochs: three\n")
         args += ["--config", str(tmp_path / "bad.yaml")]
-    elif case == "missing data":
-        args += ["--data.data_dir", str(tmp_path / "no-data")]
+    elif case == "data that cannot be read":  # the data module's own error, raised in its setup
+        args += ["--data.train_size", "0"]
     elif case == "missing checkpoint":
         args += ["--ckpt_path", str(tmp_path / "nope.ckpt")]
     elif case == "not a checkpoint":
@@ -326,11 +327,11 @@ def test_bad_input_is_refused_with_one_clear_message(mnist_dir, tmp_path, case, 
     assert not list(run_dir.rglob("*.ckpt")), "a checkpoint a later resume would pick up"
 
 
-def test_no_secret_reaches_logs_configs_or_checkpoints(mnist_dir, tmp_path):
+def test_no_secret_reaches_logs_configs_or_checkpoints(experiment, tmp_path):
     secret = "fake-wandb-key-" + "7f3a" * 8
     env = clean_env(WANDB_API_KEY=secret, AWS_SECRET_ACCESS_KEY=secret)
     del env["WANDB_MODE"]  # let the project choose: a key but no reachable server -> offline
-    result = run_train("fit", *quick_run_args(mnist_dir, tmp_path / "run"), env=env)
+    result = run_train("fit", *quick_run_args(experiment, tmp_path / "run"), env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "logs offline" in result.stderr
     assert secret not in result.stdout + result.stderr

@@ -15,7 +15,7 @@ from {{ cookiecutter.package_name }}.data.streaming_images import StreamingImage
 from {{ cookiecutter.package_name }}.machinery.chunks import datasets
 from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
-from .conftest import PROJECT_ROOT, clean_env
+from ..conftest import PROJECT_ROOT, clean_env
 
 
 def write_images(root: Path, split: str, label: str, count: int, mode: str = "RGB", size: tuple[int, int] = (12, 10)):
@@ -129,7 +129,7 @@ class FloatSamples(LightningDataModule):
 
 
 def test_a_data_module_without_images_is_refused_in_one_line(tmp_path):
-    result = convert("--data", "tests.test_image_folder.FloatSamples", "--out", str(tmp_path / "chunks"))
+    result = convert("--data", "tests.example.test_image_folder.FloatSamples", "--out", str(tmp_path / "chunks"))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "error: FloatSamples: train sample 0 is (float32 tensor of shape (5,), int64 tensor of shape ());"

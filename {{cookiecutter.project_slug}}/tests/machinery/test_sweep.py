@@ -26,7 +26,7 @@ from {{ cookiecutter.package_name }}.machinery.sweep import (
     trial_count,
 )
 
-from .conftest import PROJECT_ROOT, clean_env
+from ..conftest import PROJECT_ROOT, clean_env
 
 SWEEP_FILE = PROJECT_ROOT / "configs" / "sweep.yaml"
 
@@ -261,23 +261,34 @@ def test_sigterm_to_the_sweep_stops_the_running_trial_and_the_sweep_with_143(tmp
 
 
 @pytest.mark.slow
-def test_a_local_sweep_trains_each_run_with_its_drawn_values(mnist_dir, tmp_path):
-    """`python -m ...sweep configs/sweep.yaml --count 2` for real, offline, on the small synthetic data."""
+def test_a_local_sweep_trains_each_run_with_its_drawn_values(experiment, tmp_path):
+    """`python -m ...sweep <sweep file> --count 2` for real, offline, on the tiny model and data.
+
+    The sweep file is configs/sweep.yaml with the tiny experiment and parameters of the tiny model and data.
+    """
+    sweep = yaml.safe_load(SWEEP_FILE.read_text())
+    sweep["command"] = [str(experiment) if arg == "configs/experiment.yaml" else arg for arg in sweep["command"]]
+    sweep["parameters"] = {
+        "model.lr": {"distribution": "log_uniform_values", "min": 0.001, "max": 0.1},
+        "model.dropout": {"distribution": "uniform", "min": 0.0, "max": 0.5},
+        "data.batch_size": {"values": [16, 32, 64]},
+    }
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(yaml.safe_dump(sweep))
     root = tmp_path / "sweep"
     quick = [
-        "--data.data_dir", str(mnist_dir), "--data.download", "false", "--trainer.accelerator", "cpu",
-        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2",
-        "--trainer.enable_progress_bar", "false",
+        "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4",
+        "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
     ]  # fmt: skip
     result = subprocess.run(
-        [sys.executable, "-m", main.__module__, str(SWEEP_FILE), "--count", "2", "--seed", "0",
+        [sys.executable, "-m", main.__module__, str(sweep_file), "--count", "2", "--seed", "0",
          "--root", str(root), "--", *quick],
         cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     scores = []
-    for number, params in enumerate(drawn(yaml.safe_load(SWEEP_FILE.read_text()), count=2, seed=0)):
+    for number, params in enumerate(drawn(sweep, count=2, seed=0)):
         run_dir = root / str(number)
         assert (run_dir / "wandb").is_dir(), "each run logs (offline) into its own directory"
         for name, value in params.items():

@@ -6,41 +6,42 @@ from collections import Counter
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
 from {{ cookiecutter.package_name }}.data.streaming_images import StreamingImageDataModule, check_chunks
 from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
-from .conftest import run_train, streaming_run_args
-from .training_samples import recorded, sample_ids
+from ..conftest import run_train
+from ..training_samples import recorded, sample_ids
+from .conftest import streaming_run_args
+from .tiny import IMAGE_SIZE, TinyDataModule
 
 
-def training_images(mnist_dir, mnist_chunks) -> torch.Tensor:
+def training_images(tiny_chunks) -> torch.Tensor:
     """The in-memory training split's images normalised as the streaming path normalises them, to compare ids with."""
-    mnist = MNISTDataModule(data_dir=str(mnist_dir), download=False)
-    mnist.setup("fit")
-    streaming = StreamingImageDataModule(input_dir=str(mnist_chunks))
-    return streaming.on_after_batch_transfer(mnist.train_set.tensors, dataloader_idx=0)[0]
+    tiny = TinyDataModule()
+    tiny.setup("fit")
+    streaming = StreamingImageDataModule(input_dir=str(tiny_chunks))
+    return streaming.on_after_batch_transfer(tiny.train_set.tensors, dataloader_idx=0)[0]
 
 
-def test_chunks_hold_the_same_splits_as_the_in_memory_path(mnist_dir, mnist_chunks):
-    data = StreamingImageDataModule(input_dir=str(mnist_chunks), batch_size=64, num_workers=0)
-    assert (data.in_channels, data.num_classes) == (1, 10)  # from the chunks' info/, for the model
+def test_chunks_hold_the_same_splits_as_the_in_memory_path(tiny_chunks):
+    data = StreamingImageDataModule(input_dir=str(tiny_chunks), batch_size=64, num_workers=0)
+    assert (data.in_channels, data.num_classes) == (1, 4)  # from the chunks' info/, for the model
     data.setup("fit")
     assert (len(data.train_set), len(data.val_set)) == (576, 64)
     streamed = []
     for batch in data.train_dataloader():
         images, _ = batch
-        assert images.dtype == torch.uint8 and images.shape[1:] == (1, 28, 28)  # decoded in the workers
+        assert images.dtype == torch.uint8 and images.shape[1:] == (1, IMAGE_SIZE, IMAGE_SIZE)  # decoded in workers
         streamed += sample_ids(data.on_after_batch_transfer(batch, dataloader_idx=0)[0])
-    assert sorted(streamed) == sorted(sample_ids(training_images(mnist_dir, mnist_chunks)))  # PNG round trip
+    assert sorted(streamed) == sorted(sample_ids(training_images(tiny_chunks)))  # PNG round trip
     data.setup("test")
     assert len(data.test_set) == 160
 
 
 @pytest.mark.slow
-def test_one_epoch_on_2_processes_x_2_workers_trains_on_every_sample_once(mnist_dir, mnist_chunks, tmp_path):
+def test_one_epoch_on_2_processes_x_2_workers_trains_on_every_sample_once(experiment, tiny_chunks, tmp_path):
     result = run_train(
-        "fit", *streaming_run_args(mnist_chunks, tmp_path / "run"),
+        "fit", *streaming_run_args(experiment, tiny_chunks, tmp_path / "run"),
         "--trainer.devices", "2", "--data.num_workers", "2", "--trainer.limit_train_batches", "1.0",
         "--trainer.callbacks+=tests.training_samples.RecordTrainingSamples",
         "--trainer.callbacks.out_dir", str(tmp_path / "seen"),
@@ -50,7 +51,7 @@ def test_one_epoch_on_2_processes_x_2_workers_trains_on_every_sample_once(mnist_
     assert len(seen[0]) == len(seen[1])  # the same number of steps on every process
     counts = Counter(seen[0] + seen[1])
     assert set(counts.values()) == {1}, f"{sum(count > 1 for count in counts.values())} samples seen twice or more"
-    assert sorted(counts) == sorted(sample_ids(training_images(mnist_dir, mnist_chunks))), "samples missing"
+    assert sorted(counts) == sorted(sample_ids(training_images(tiny_chunks))), "samples missing"
 
 
 def damage(chunks, case: str):
@@ -70,17 +71,17 @@ def damage(chunks, case: str):
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "damaged index", "truncated chunk"])
-def test_a_broken_chunk_folder_is_named_in_one_line(mnist_chunks, tmp_path, case):
+def test_a_broken_chunk_folder_is_named_in_one_line(experiment, tiny_chunks, tmp_path, case):
     chunks = tmp_path / "chunks"
     for split in ("info", "train", "val", "test"):
         (chunks / split).mkdir(parents=True)
-        for path in (mnist_chunks / split).iterdir():
+        for path in (tiny_chunks / split).iterdir():
             (chunks / split / path.name).write_bytes(path.read_bytes())
     train = damage(chunks, case)
     with pytest.raises(ConfigError, match=str(train)):
         check_chunks(str(train))
 
-    result = run_train("fit", *streaming_run_args(chunks, tmp_path / "run"))
+    result = run_train("fit", *streaming_run_args(experiment, chunks, tmp_path / "run"))
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and str(train) in errors[0], result.stderr[-3000:]

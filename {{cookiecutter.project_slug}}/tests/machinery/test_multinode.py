@@ -14,33 +14,33 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, quick_run_args
+from ..conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, quick_run_args
 
 pytestmark = pytest.mark.slow
 
 DEVICES_PER_NODE = 2
 
 
-def train_command(data_dir: Path, tmp_path: Path) -> list[str]:
+def train_command(experiment: Path, tmp_path: Path) -> list[str]:
     """`fit` for a few steps; each process reports its ranks. Devices per node: left to the platform."""
     return [
         "fit",
-        *quick_run_args(data_dir, tmp_path / "run"),
+        *quick_run_args(experiment, tmp_path / "run"),
         "--trainer.callbacks+=tests.rank_report.ReportRank",
         "--trainer.callbacks.out_dir", str(tmp_path / "reports"),
     ]  # fmt: skip
 
 
-def node_level_command(data_dir: Path, tmp_path: Path) -> list[str]:
+def node_level_command(experiment: Path, tmp_path: Path) -> list[str]:
     """SING and POD start one process per node; Lightning starts one per device ("auto" is 1 on a CPU)."""
     devices = ["--trainer.devices", str(DEVICES_PER_NODE)]
-    return [sys.executable, str(TRAIN_SCRIPT), *train_command(data_dir, tmp_path), *devices]
+    return [sys.executable, str(TRAIN_SCRIPT), *train_command(experiment, tmp_path), *devices]
 
 
-def torchrun_command(data_dir: Path, tmp_path: Path, *options: str) -> list[str]:
+def torchrun_command(experiment: Path, tmp_path: Path, *options: str) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", *options, "--nproc-per-node", str(DEVICES_PER_NODE),
-        str(TRAIN_SCRIPT), *train_command(data_dir, tmp_path),
+        str(TRAIN_SCRIPT), *train_command(experiment, tmp_path),
     ]  # fmt: skip
 
 
@@ -99,9 +99,9 @@ def without_wandb_key(env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("platform", ["SING", "POD"])
-def test_two_nodes_of_two_processes(platform, mnist_dir, tmp_path):
+def test_two_nodes_of_two_processes(platform, experiment, tmp_path):
     port = free_port()
-    command = [*node_level_command(mnist_dir, tmp_path), "--cluster.main_port", str(port)]
+    command = [*node_level_command(experiment, tmp_path), "--cluster.main_port", str(port)]
     envs = [without_wandb_key(env) for env in node_envs(platform, port)]
     nodes = start_nodes([command, command], envs, tmp_path / "logs")
     wait_for_job(nodes, tmp_path / "logs")
@@ -118,10 +118,10 @@ def test_two_nodes_of_two_processes(platform, mnist_dir, tmp_path):
         assert [log.count(once) for log in logs] == [1, 0], once
 
 
-def test_nodes_that_start_30_seconds_apart_still_form_one_job(mnist_dir, tmp_path):
+def test_nodes_that_start_30_seconds_apart_still_form_one_job(experiment, tmp_path):
     # Pods start at different moments: here node 1 waits half a minute for node 0.
     port = free_port()
-    command = node_level_command(mnist_dir, tmp_path)
+    command = node_level_command(experiment, tmp_path)
     node0_env, node1_env = node_envs("POD", port)
     node1 = start_node(command, node1_env, tmp_path / "logs" / "node1.log")
     time.sleep(30)
@@ -130,10 +130,10 @@ def test_nodes_that_start_30_seconds_apart_still_form_one_job(mnist_dir, tmp_pat
     assert_one_job(tmp_path / "reports", num_nodes=2)
 
 
-def test_torchrun_two_nodes_with_c10d_rendezvous(mnist_dir, tmp_path):
+def test_torchrun_two_nodes_with_c10d_rendezvous(experiment, tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
     commands = [
-        torchrun_command(mnist_dir, tmp_path, "--nnodes", "2", "--node-rank", str(rank), "--rdzv-backend", "c10d",
+        torchrun_command(experiment, tmp_path, "--nnodes", "2", "--node-rank", str(rank), "--rdzv-backend", "c10d",
                          "--rdzv-endpoint", endpoint, "--rdzv-id", "test")
         for rank in range(2)
     ]  # fmt: skip
@@ -143,15 +143,15 @@ def test_torchrun_two_nodes_with_c10d_rendezvous(mnist_dir, tmp_path):
     assert "[torchrun]" in (tmp_path / "logs" / "node0.log").read_text()
 
 
-def test_torchrun_decides_the_processes_per_node(mnist_dir, tmp_path):
+def test_torchrun_decides_the_processes_per_node(experiment, tmp_path):
     # trainer.devices is "auto" in the config: on a CPU that alone would mean 1 device, not torchrun's 2.
-    (node,) = start_nodes([torchrun_command(mnist_dir, tmp_path, "--standalone")], [clean_env()], tmp_path / "logs")
+    (node,) = start_nodes([torchrun_command(experiment, tmp_path, "--standalone")], [clean_env()], tmp_path / "logs")
     wait_for_job([node], tmp_path / "logs")
     assert_one_job(tmp_path / "reports", num_nodes=1)
 
 
-def test_torchrun_refuses_a_different_device_count_in_one_line(mnist_dir, tmp_path):
-    command = [*torchrun_command(mnist_dir, tmp_path, "--standalone"), "--trainer.devices", "3"]
+def test_torchrun_refuses_a_different_device_count_in_one_line(experiment, tmp_path):
+    command = [*torchrun_command(experiment, tmp_path, "--standalone"), "--trainer.devices", "3"]
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -162,11 +162,11 @@ def test_torchrun_refuses_a_different_device_count_in_one_line(mnist_dir, tmp_pa
     assert not (tmp_path / "reports").exists()
 
 
-def test_torchrun_inside_sing_nodes_forms_one_job_of_every_process(mnist_dir, tmp_path):
+def test_torchrun_inside_sing_nodes_forms_one_job_of_every_process(experiment, tmp_path):
     # The natural entry command on a SING node with several GPUs: torchrun wins over SING, as in Lightning.
     port = free_port()
     commands = [
-        torchrun_command(mnist_dir, tmp_path, "--nnodes", "2", "--node-rank", str(rank), "--rdzv-backend", "c10d",
+        torchrun_command(experiment, tmp_path, "--nnodes", "2", "--node-rank", str(rank), "--rdzv-backend", "c10d",
                          "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test")
         for rank in range(2)
     ]  # fmt: skip
@@ -176,8 +176,8 @@ def test_torchrun_inside_sing_nodes_forms_one_job_of_every_process(mnist_dir, tm
     assert "[torchrun]" in (tmp_path / "logs" / "node0.log").read_text()
 
 
-def test_torchrun_on_one_node_of_a_two_node_sing_job_is_refused_in_one_line(mnist_dir, tmp_path):
-    command = torchrun_command(mnist_dir, tmp_path, "--standalone")
+def test_torchrun_on_one_node_of_a_two_node_sing_job_is_refused_in_one_line(experiment, tmp_path):
+    command = torchrun_command(experiment, tmp_path, "--standalone")
     sing_node_0 = node_envs("SING", free_port())[0]
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=sing_node_0, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
@@ -187,12 +187,12 @@ def test_torchrun_on_one_node_of_a_two_node_sing_job_is_refused_in_one_line(mnis
     assert not (tmp_path / "reports").exists()
 
 
-def test_lightnings_manual_launch_on_two_nodes_of_two_processes(mnist_dir, tmp_path):
+def test_lightnings_manual_launch_on_two_nodes_of_two_processes(experiment, tmp_path):
     # Lightning's documented launch on a general-purpose cluster: these four variables on each node.
     port = free_port()
     envs = [clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK=str(rank))
             for rank in range(2)]  # fmt: skip
-    command = node_level_command(mnist_dir, tmp_path)
+    command = node_level_command(experiment, tmp_path)
     nodes = start_nodes([command, command], envs, tmp_path / "logs")
     wait_for_job(nodes, tmp_path / "logs")
     assert_one_job(tmp_path / "reports", num_nodes=2)

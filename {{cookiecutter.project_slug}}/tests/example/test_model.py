@@ -12,7 +12,8 @@ from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
 from {{ cookiecutter.package_name }}.machinery.cli import ProjectCLI
 from {{ cookiecutter.package_name }}.models.image_classifier import ConvNet, ImageClassifier
 
-from .conftest import PROJECT_ROOT, fake_digits
+from ..conftest import EXPERIMENT
+from .conftest import fake_digits
 
 
 def normalised_batch(count: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +50,7 @@ class ColourImages(LightningDataModule):
 
 
 def test_the_command_line_gives_the_model_the_data_modules_channels_and_classes(tmp_path):
-    args = ["fit", "--config", str(PROJECT_ROOT / "configs" / "experiment.yaml"), "--data", f"{__name__}.ColourImages",
+    args = ["fit", "--config", str(EXPERIMENT), "--data", f"{__name__}.ColourImages",
             "--trainer.fast_dev_run", "true", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
     cli = ProjectCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, args=args)

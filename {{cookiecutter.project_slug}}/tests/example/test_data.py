@@ -1,3 +1,4 @@
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -8,8 +9,9 @@ from torchvision.datasets import MNIST
 from {{ cookiecutter.package_name }}.data.mnist import MEAN, STD, InMemoryDataset, MNISTDataModule, already_batched
 from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
-from .conftest import quick_run_args, run_train
-from .training_samples import recorded, sample_ids, training_images
+from ..conftest import run_train
+from ..training_samples import recorded, sample_ids
+from .conftest import mnist_run_args
 
 
 def test_train_and_val_split_the_training_files(mnist_dir):
@@ -131,9 +133,16 @@ def test_on_device_refuses_workers():
         MNISTDataModule(on_device=True, num_workers=2)
 
 
+def training_images(mnist_dir: Path) -> torch.Tensor:
+    """The training split's images as training sees them (normalised), to compare ids with."""
+    data = MNISTDataModule(data_dir=str(mnist_dir), download=False)
+    data.setup("fit")
+    return data.on_after_batch_transfer(data.train_set.tensors, dataloader_idx=0)[0]
+
+
 def test_each_process_trains_on_its_own_shard_reshuffled_every_epoch(mnist_dir, tmp_path):
     result = run_train(
-        "fit", *quick_run_args(mnist_dir, tmp_path / "run"),
+        "fit", *mnist_run_args(mnist_dir, tmp_path / "run"),
         "--trainer.devices", "2", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "1.0",
         "--data.on_device", "true",
         "--trainer.callbacks+=tests.training_samples.RecordTrainingSamples",

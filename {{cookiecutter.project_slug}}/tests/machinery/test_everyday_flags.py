@@ -2,7 +2,7 @@
 
 import pytest
 
-from .conftest import quick_run_args, run_train
+from ..conftest import quick_run_args, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -32,17 +32,17 @@ EVERYDAY_FLAGS = {
 }
 
 
-def everyday_args(data_dir, run_dir) -> list[str]:
+def everyday_args(experiment, run_dir) -> list[str]:
     """The quick CPU run, with the progress output left to the project, as a user leaves it."""
-    args = quick_run_args(data_dir, run_dir)
+    args = quick_run_args(experiment, run_dir)
     at = args.index("--trainer.enable_progress_bar")
     return args[:at] + args[at + 2 :]
 
 
 @pytest.mark.parametrize("flag", EVERYDAY_FLAGS.values(), ids=EVERYDAY_FLAGS.keys())
-def test_everyday_flag_trains_on_the_default_config(mnist_dir, tmp_path, flag):
+def test_everyday_flag_trains_on_the_default_config(experiment, tmp_path, flag):
     run_dir = tmp_path / "run"
-    result = run_train("fit", *everyday_args(mnist_dir, run_dir), *flag)
+    result = run_train("fit", *everyday_args(experiment, run_dir), *flag)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "Traceback" not in output
@@ -55,9 +55,9 @@ def test_everyday_flag_trains_on_the_default_config(mnist_dir, tmp_path, flag):
         assert list(run_dir.rglob("metrics.csv"))
 
 
-def test_without_checkpointing_a_rerun_starts_afresh(mnist_dir, tmp_path):
+def test_without_checkpointing_a_rerun_starts_afresh(experiment, tmp_path):
     # A rerun with checkpointing off ignores the checkpoints an earlier run left, and says so once.
-    args = ["fit", *quick_run_args(mnist_dir, tmp_path / "run")]
+    args = ["fit", *quick_run_args(experiment, tmp_path / "run")]
     assert run_train(*args).returncode == 0
     rerun = run_train(*args, "--trainer.enable_checkpointing", "false")
     output = rerun.stdout + rerun.stderr

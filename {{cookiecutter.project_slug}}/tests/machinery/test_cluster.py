@@ -18,7 +18,7 @@ from {{ cookiecutter.package_name }}.machinery.cluster.settings import DEFAULT_M
 from {{ cookiecutter.package_name }}.machinery.cluster.sing import SINGEnvironment
 from {{ cookiecutter.package_name }}.machinery.process_counts import devices_per_node, num_nodes
 
-from .conftest import clean_env, free_port
+from ..conftest import clean_env, free_port
 
 # The documents' example: job `test` with 2 nodes, as node 1 sees it.
 SING_NODE_1 = {

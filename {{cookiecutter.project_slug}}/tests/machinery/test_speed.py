@@ -58,13 +58,12 @@ def test_fast_defaults_fill_in_only_a_missing_precision(monkeypatch):
     assert chosen.precision == "32-true"
 
 
-def test_the_cli_applies_the_default_precision_unless_the_config_sets_one(monkeypatch, mnist_dir, tmp_path):
+def test_the_cli_applies_the_default_precision_unless_the_config_sets_one(monkeypatch, tmp_path):
     monkeypatch.setattr(speed, "default_precision", lambda accelerator: "bf16-mixed")  # as on a recent GPU
 
     def precision_of_a_run(*extra: str) -> str:
-        args = ["validate", "--model", "{{ cookiecutter.package_name }}.models.image_classifier.ImageClassifier",
-                "--data", "{{ cookiecutter.package_name }}.data.mnist.MNISTDataModule",
-                "--data.data_dir", str(mnist_dir), "--data.download", "false",
+        args = ["validate", "--model", "tests.machinery.tiny.TinyClassifier",
+                "--data", "tests.machinery.tiny.TinyDataModule",
                 "--trainer.accelerator", "cpu", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
                 "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(tmp_path), *extra]  # fmt: skip
         cli = ProjectCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
