@@ -14,7 +14,7 @@ CLUSTER_PREFIXES = ("SLURM_", "SING_", "TORCHELASTIC_", "PET_", "POD_", "PL_")
 
 def write_fake_mnist(project: Path, root: Path) -> Path:
     """Small synthetic MNIST files, written by the generated project's own test helper."""
-    spec = importlib.util.spec_from_file_location("generated_project_conftest", project / "tests" / "conftest.py")
+    spec = importlib.util.spec_from_file_location("fake_mnist", project / "tests" / "example" / "fake_mnist.py")
     helpers = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(helpers)
     return helpers.write_fake_mnist(root)

@@ -13,7 +13,7 @@ from {{ cookiecutter.package_name }}.machinery.cli import ProjectCLI
 from {{ cookiecutter.package_name }}.models.image_classifier import ConvNet, ImageClassifier
 
 from ..conftest import EXPERIMENT
-from .conftest import fake_digits
+from .fake_mnist import fake_digits
 
 
 def normalised_batch(count: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
