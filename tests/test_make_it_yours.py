@@ -8,11 +8,16 @@ in memory on one process and on two (gloo), and a run stopped by SIGTERM mid-epo
 same command has run again, with the weights of the run that was never stopped. Then the folder,
 whose files are sorted by class, is converted into chunks by the project's command and streamed,
 and the held-out accuracy is that of the in-memory run.
+
+On another fresh project the README's steps 4 and 5 are followed to the letter: configs/experiment.yaml
+names that model and the image-folder data, the example's files are deleted, and the project's own tests
+(tests/machinery/, on a tiny model and data of their own) still pass.
 """
 
 import json
 import math
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -228,3 +233,56 @@ def test_chunks_of_the_folder_stream_as_well_as_it_trains_in_memory(
     streamed_accuracy = fit_and_test(project, tmp_path / "run", *streamed)
     print(f"held-out accuracy: {in_memory_accuracy:.2%} in memory, {streamed_accuracy:.2%} streamed")
     assert abs(streamed_accuracy - in_memory_accuracy) <= 0.02
+
+
+def deleted_by_step_5(project: Path) -> list[Path]:
+    """The files and folders the README's "Delete the example" step names, as paths in the project."""
+    readme = (project / "README.md").read_text()
+    step = re.search(r"^5\. \*\*Delete the example\*\*(.*?)\n\n", readme, re.MULTILINE | re.DOTALL).group(1)
+    package = project / "src" / project.name.replace("-", "_")
+    named = re.findall(r"`([^`]+)`", step.split(". The tests in")[0])
+    return [(package if name.startswith(("models/", "data/")) else project) / name for name in named]
+
+
+def test_the_machinery_tests_pass_once_the_example_is_deleted(cookies_session):
+    """README steps 4 and 5 on a fresh project: the experiment names the researcher's model and data, the example
+    goes, and the project's own suite passes: its fast part and a preemption drill."""
+    result = cookies_session.bake()
+    assert result.exit_code == 0, result.exception
+    project = result.project_path
+    package = project.name.replace("-", "_")
+    (project / "src" / package / "models" / "tiny_resnet.py").write_text(MODEL)
+    (project / "configs" / "model" / "tiny_resnet.yaml").write_text(MODEL_CONFIG.format(package=package))
+
+    experiment = project / "configs" / "experiment.yaml"  # step 4
+    text = experiment.read_text()
+    assert "model: model/image_classifier.yaml\ndata: data/mnist.yaml\n" in text
+    text = text.replace("model: model/image_classifier.yaml", "model: model/tiny_resnet.yaml")
+    text = text.replace("data: data/mnist.yaml", "data: data/image_folder.yaml")
+    experiment.write_text(text.replace("default_root_dir: runs/experiment", "default_root_dir: runs/tiny_resnet"))
+
+    deleted = deleted_by_step_5(project)  # step 5
+    assert {path.name for path in deleted} >= {"image_classifier.py", "mnist.py", "image_classifier.yaml", "example"}
+    for path in deleted:
+        assert path.exists(), f"the README names {path}, which the project does not have"
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+    printed = project_command(project, "train.py", "fit", "--config", "configs/experiment.yaml", "--print_config")
+    assert "TinyResNet" in printed and "ImageFolderDataModule" in printed
+
+    def project_tests(*args: str) -> int:
+        """The project's own `pytest ARGS`, which must pass: how many tests passed."""
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+        env = launch_environment(project)
+        result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=1800)
+        assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+        return int(re.search(r"(\d+) passed", result.stdout).group(1))
+
+    assert project_tests("-m", "not slow", "tests") > 100  # the machinery's fast tests, all of them there
+    drills = ["tests/machinery/test_reliability.py::test_sigterm_mid_epoch_saves_a_resumable_checkpoint_and_exits_143",
+              "tests/machinery/test_resumable.py::test_sigterm_mid_epoch_then_the_same_command_trains_the_same_weights"
+              "[1-process]"]  # fmt: skip
+    assert project_tests(*drills) == 2

@@ -1,3 +1,4 @@
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -9,7 +10,8 @@ from torchvision.datasets import MNIST
 from {{ cookiecutter.package_name }}.data.mnist import MEAN, STD, InMemoryDataset, MNISTDataModule, already_batched
 from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
-from ..conftest import run_train
+from ..conftest import clean_env, run_train
+from ..machinery.test_reliability import load, paced, start, wait_for, whole_epochs
 from ..training_samples import recorded, sample_ids
 from .conftest import mnist_run_args
 
@@ -158,3 +160,34 @@ def test_each_process_trains_on_its_own_shard_reshuffled_every_epoch(mnist_dir, 
         assert sorted(first + second) == every_image  # disjoint shards that cover the training set
     for seen in ranks:
         assert seen[0] != seen[1], "the same order in two epochs: the sampler was not reshuffled"
+
+
+@pytest.mark.slow
+def test_a_mid_epoch_resume_trains_on_exactly_the_rest_of_the_epoch(mnist_dir, tmp_path):
+    """MNIST's own loader (whole batches cut from memory, 2 processes x 2 workers) stopped by SIGTERM mid-epoch:
+    the same command trains on the same samples in the same order, to the same weights."""
+
+    def args(run: str, *extra: str) -> list[str]:
+        return ["fit", *mnist_run_args(mnist_dir, tmp_path / run), *whole_epochs(2), "--trainer.devices", "2",
+                "--data.num_workers", "2", "--trainer.callbacks+=tests.training_samples.RecordTrainingSamples",
+                "--trainer.callbacks.out_dir", str(tmp_path / run / "samples"), *extra]  # fmt: skip
+
+    uninterrupted = run_train(*args("uninterrupted"))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
+    marker, log = tmp_path / "step-4", tmp_path / "interrupted.log"
+    job = start(args("resumed", *paced(marker, at_step=4)), clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
+    steps_per_epoch = 576 // 2 // 32  # 640 training files, 10% held out, halved between the processes
+    assert load(tmp_path / "resumed" / "checkpoints" / "preempted.ckpt")["global_step"] % steps_per_epoch
+
+    resumed = run_train(*args("resumed"))
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    for rank in (0, 1):
+        expected, actual = (recorded(tmp_path / run / "samples", rank) for run in ("uninterrupted", "resumed"))
+        assert actual == expected, f"rank {rank} trained on other samples, or in another order, after resuming"
+    expected, actual = (load(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("uninterrupted", "resumed"))
+    assert actual["global_step"] == expected["global_step"] == 2 * steps_per_epoch
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(tensor, actual["state_dict"][name]), f"{name} differs after resuming"

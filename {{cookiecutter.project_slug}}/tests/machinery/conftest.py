@@ -21,12 +21,13 @@ TINY_DATA = {"class_path": "tests.machinery.tiny.TinyDataModule", "init_args": {
 
 
 def write_tiny_experiment(folder: Path) -> Path:
-    """`folder/experiment.yaml`, composing `model/tiny.yaml` and `data/tiny.yaml` as the real one composes its own."""
+    """`folder/experiment.yaml`, composing `model/tiny_model.yaml` and `data/tiny_data.yaml` as the real one composes
+    its own. (Their names differ: a run's saved config keeps each composed file by its name, in one folder.)"""
     config = yaml.safe_load(EXPERIMENT.read_text())
     for section, tiny in (("model", TINY_MODEL), ("data", TINY_DATA)):
         (folder / section).mkdir(parents=True, exist_ok=True)
-        (folder / section / "tiny.yaml").write_text(json.dumps(tiny))  # JSON is YAML too
-        config[section] = f"{section}/tiny.yaml"
+        (folder / section / f"tiny_{section}.yaml").write_text(json.dumps(tiny))  # JSON is YAML too
+        config[section] = f"{section}/tiny_{section}.yaml"
     (folder / "experiment.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return folder / "experiment.yaml"
 

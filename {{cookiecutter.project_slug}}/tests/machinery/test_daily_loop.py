@@ -19,7 +19,7 @@ def test_experiment_configs_compose_in_order(experiment, tmp_path):
     assert model["hidden"] == 64 and config["trainer"]["max_epochs"] == 10  # from bigger.yaml
     assert config["data"]["init_args"]["batch_size"] == 256
     assert model["lr"] == 0.0005
-    assert model["dropout"] == 0.3  # from model/tiny.yaml, which the experiment names
+    assert model["dropout"] == 0.3  # from model/tiny_model.yaml, which the experiment names
     assert config["trainer"]["callbacks"][0]["init_args"]["monitor"] == "val/acc"  # kept from experiment.yaml
     assert config["seed_everything"] == 42
 

@@ -288,7 +288,7 @@ def test_a_local_sweep_trains_each_run_with_its_drawn_values(experiment, tmp_pat
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     scores = []
-    for number, params in enumerate(drawn(sweep, count=2, seed=0)):
+    for number, params in enumerate(drawn(yaml.safe_load(sweep_file.read_text()), count=2, seed=0)):
         run_dir = root / str(number)
         assert (run_dir / "wandb").is_dir(), "each run logs (offline) into its own directory"
         for name, value in params.items():
