@@ -304,12 +304,10 @@ def test_a_local_sweep_trains_each_run_with_its_drawn_values(experiment, tmp_pat
 def config_value(run_dir: Path, name: str):
     """The value a command-line name like `data.batch_size` sets in a run's saved config.
 
-    Class sections nest `init_args`; a section composed from another file is saved as that file, next to config.yaml.
+    Class sections nest `init_args`.
     """
     section = yaml.safe_load((run_dir / "config.yaml").read_text())
     for key in name.split("."):
-        if isinstance(section, str):
-            section = yaml.safe_load((run_dir / section).read_text())
         if key not in section and "init_args" in section:
             section = section["init_args"]
         section = section[key]

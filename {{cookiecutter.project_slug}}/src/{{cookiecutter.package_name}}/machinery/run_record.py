@@ -19,7 +19,9 @@ class SaveRunRecord(SaveConfigCallback):
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         path = Path(trainer.default_root_dir, self.config_filename)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.parser.save(self.config, path, skip_none=False, overwrite=True)
+        # One self-contained file: saved apart, composed configs such as model/x.yaml and data/x.yaml
+        # would overwrite each other next to it.
+        self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=False)
         record = {
             "config": yaml.safe_load(self.parser.dump(self.config, skip_none=False)),
             "git": git_state(),
