@@ -101,6 +101,11 @@ init_args:
 @pytest.fixture(scope="module")
 def project(cookies_session) -> Path:
     """A project of its own (the shared ones stay untouched), with the researcher's model added."""
+    return project_with_own_model(cookies_session)
+
+
+def project_with_own_model(cookies_session) -> Path:
+    """A freshly generated project and the researcher's model: two new files, no generated file edited."""
     result = cookies_session.bake()
     assert result.exit_code == 0, result.exception
     project = result.project_path
@@ -248,12 +253,7 @@ def deleted_by_step_5(project: Path) -> list[Path]:
 def test_the_machinery_tests_pass_once_the_example_is_deleted(cookies_session):
     """README steps 4 and 5 on a fresh project: the experiment names the researcher's model and data, the example
     goes, and the project's own suite passes, all of it."""
-    result = cookies_session.bake()
-    assert result.exit_code == 0, result.exception
-    project = result.project_path
-    package = project.name.replace("-", "_")
-    (project / "src" / package / "models" / "tiny_resnet.py").write_text(MODEL)
-    (project / "configs" / "model" / "tiny_resnet.yaml").write_text(MODEL_CONFIG.format(package=package))
+    project = project_with_own_model(cookies_session)
 
     experiment = project / "configs" / "experiment.yaml"  # step 4
     text = experiment.read_text()
