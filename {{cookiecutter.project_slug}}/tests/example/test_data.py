@@ -11,7 +11,7 @@ from {{ cookiecutter.package_name }}.data.mnist import MEAN, STD, InMemoryDatase
 from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
 from ..conftest import clean_env, run_train
-from ..machinery.test_reliability import load, paced, start, wait_for, whole_epochs
+from ..machinery.drills import load, paced, start, wait_for, whole_epochs
 from ..training_samples import recorded, sample_ids
 from .conftest import mnist_run_args
 

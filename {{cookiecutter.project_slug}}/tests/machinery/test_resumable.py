@@ -14,7 +14,7 @@ from {{ cookiecutter.package_name }}.machinery.resumable import ResumableData, R
 
 from ..conftest import clean_env, quick_trainer_args, run_train
 from ..training_samples import recorded
-from .test_reliability import load, paced, start, wait_for, whole_epochs
+from .drills import load, paced, start, wait_for, whole_epochs
 from .tiny import TinyClassifier
 
 TRAIN_SIZE, BATCH_SIZE = 200, 8

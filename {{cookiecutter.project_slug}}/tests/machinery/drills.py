@@ -1,0 +1,95 @@
+"""Drills: run `train.py` as a platform runs a node, interrupt it for real, and read what it left behind."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ..conftest import PROJECT_ROOT, TRAIN_SCRIPT, quick_run_args
+
+STEPS_PER_EPOCH = 18  # the tiny data's 576 training images, batches of 32
+TWO_PROCESS_STEPS_PER_EPOCH = STEPS_PER_EPOCH // 2  # each process takes half of every epoch
+
+
+def full_epochs_args(experiment: Path, run_dir: Path, epochs: int = 2) -> list[str]:
+    """Whole epochs (not a few batches), so that an interruption can land mid-epoch."""
+    return [*quick_run_args(experiment, run_dir), *whole_epochs(epochs)]
+
+
+def whole_epochs(epochs: int = 2) -> list[str]:
+    return ["--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches", "1.0"]
+
+
+def paced(marker: Path, at_step: int) -> list[str]:
+    return [
+        "--trainer.callbacks+=tests.pacing.PaceSteps",
+        "--trainer.callbacks.marker", str(marker),
+        "--trainer.callbacks.at_step", str(at_step),
+    ]  # fmt: skip
+
+
+def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start `train.py` as a platform starts a node: its own process group, output to a log file."""
+    return subprocess.Popen(
+        [sys.executable, str(TRAIN_SCRIPT), *args],
+        cwd=PROJECT_ROOT,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, f"exited with {process.returncode}:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"{path.name} did not appear:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)
+
+
+def exit_code(process: subprocess.Popen, timeout: float, hang: str) -> int:
+    """The process's exit status; a test failure (after killing its whole group) if it runs past `timeout`."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(hang)
+
+
+def group_is_gone(process: subprocess.Popen) -> bool:
+    """No process of the job's process group is still running (exited ones awaiting reaping do not count)."""
+    states = subprocess.run(["ps", "-o", "stat=", "-g", str(process.pid)], capture_output=True, text=True).stdout
+    return all(state.startswith("Z") for state in states.split())
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process started under it, as /proc shows them now."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # the parent id is the second field after the command name, which may hold spaces
+            children.setdefault(int(stat.read_text().rpartition(")")[2].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+    tree, queue = [], [pid]
+    while queue:
+        tree.append(queue.pop())
+        queue.extend(children.get(tree[-1], []))
+    return tree
+
+
+def last_words(log: Path) -> str:
+    """The last line a node printed before wandb's closing lines, without torch's rank prefix."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in log.read_text().strip().splitlines()]
+    lines = [re.sub(r"^\[rank\d+\]: ", "", line) for line in lines if line.strip() and not line.startswith("wandb")]
+    return re.sub(r"^\[rank\d+\]: ", "", lines[-1]) if lines else ""
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, weights_only=True, map_location="cpu")
