@@ -11,6 +11,10 @@ from lightning.fabric.plugins import TorchCheckpointIO
 
 from .errors import ConfigError
 
+# Reading the umask means setting it: done once, on import, before any other thread could create a file.
+UMASK = os.umask(0o022)
+os.umask(UMASK)
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Write each checkpoint to a temporary file beside it, fsync, then rename it into place.
@@ -28,6 +32,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, temporary)
                 temporary.flush()
                 os.fsync(temporary.fileno())
+                # Temporary files are created private (0600): give the checkpoint the permissions every
+                # other file of the run gets, so that a teammate can read it.
+                os.chmod(temporary.fileno(), 0o666 & ~UMASK)
             except BaseException:
                 os.unlink(temporary.name)
                 raise
