@@ -2,7 +2,7 @@
 
 import os
 import pickle
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +10,6 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from .errors import ConfigError
-
-# Reading the umask means setting it: done once, on import, before any other thread could create a file.
-UMASK = os.umask(0o022)
-os.umask(UMASK)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -27,18 +23,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as temporary:
+        # Created as open() creates any file (0666 less the umask), not private as tempfile would.
+        temporary_path = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+        with open(temporary_path, "xb") as temporary:
             try:
                 torch.save(checkpoint, temporary)
                 temporary.flush()
                 os.fsync(temporary.fileno())
-                # Temporary files are created private (0600): give the checkpoint the permissions every
-                # other file of the run gets, so that a teammate can read it.
-                os.chmod(temporary.fileno(), 0o666 & ~UMASK)
             except BaseException:
-                os.unlink(temporary.name)
+                os.unlink(temporary_path)
                 raise
-        os.replace(temporary.name, path)
+        os.replace(temporary_path, path)
         directory = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(directory)  # make the rename itself durable

@@ -13,22 +13,35 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
 from .checkpoint_io import refusal_reason
 from .errors import ConfigError
+from .resume import damage, newest_whole_checkpoint
 
 CHECKPOINT_ALIASES = ("last", "best", "hpc")
 
 
-def check_checkpoint_path(ckpt_path: str | None) -> None:
-    """Refuse a checkpoint path that is missing or not a checkpoint before anything is written."""
+def check_checkpoint_path(ckpt_path: str | None, weights_only: bool | None) -> None:
+    """Refuse a checkpoint path that is missing or not a checkpoint before anything is written.
+
+    Loading a checkpoint that holds code (`--weights_only false`) takes a file named on purpose:
+    never one the job finds by itself, which anyone who can write to its directory could have put there.
+    """
+    if weights_only is False and ckpt_path in CHECKPOINT_ALIASES:
+        raise ConfigError(
+            f"weights_only false runs code from the checkpoint: it needs ckpt_path to name the file, not {ckpt_path}"
+        )
     if ckpt_path is None or ckpt_path in CHECKPOINT_ALIASES or "://" in ckpt_path:
         return
     if not Path(ckpt_path).is_file():
         raise ConfigError(f"ckpt_path {ckpt_path} does not exist")
     if not zipfile.is_zipfile(ckpt_path):
         raise ConfigError(f"ckpt_path {ckpt_path} is not a checkpoint (torch.save writes zip archives)")
-    try:  # memory-mapped: only the pickled structure is read, not the tensors
-        torch.load(ckpt_path, weights_only=True, mmap=True, map_location="cpu")
+    try:
+        problem = damage(Path(ckpt_path))
     except pickle.UnpicklingError as error:
-        raise ConfigError(f"refused to load ckpt_path {ckpt_path}: {refusal_reason(error)}") from None
+        if weights_only is not False:
+            raise ConfigError(f"refused to load ckpt_path {ckpt_path}: {refusal_reason(error)}") from None
+    else:
+        if problem is not None:
+            raise ConfigError(f"ckpt_path {ckpt_path} is damaged: {problem}")
 
 
 def find_best_checkpoint(callback: Checkpoint | None) -> None:
@@ -43,10 +56,9 @@ def find_best_checkpoint(callback: Checkpoint | None) -> None:
     if callback.best_model_path:
         return
     directory = Path(callback.dirpath)
-    checkpoints = sorted(directory.glob("*.ckpt"), key=lambda path: path.stat().st_mtime)
-    if not checkpoints:
+    newest = newest_whole_checkpoint([directory])
+    if newest is None:
         raise ConfigError(f"ckpt_path best: no checkpoints in {directory}; run fit first or pass a checkpoint file")
-    newest = checkpoints[-1]
     states = torch.load(newest, weights_only=True, mmap=True, map_location="cpu").get("callbacks", {})
     best = states.get(callback.state_key, {}).get("best_model_path")
     if not best:

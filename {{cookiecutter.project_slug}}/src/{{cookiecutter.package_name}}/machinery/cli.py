@@ -34,6 +34,7 @@ from .exit_codes import CONFIG_ERROR, LOST_NODE, PREEMPTED
 from .process_counts import devices_per_node, num_nodes
 from .progress import PlainProgress
 from .resumable import ResumableData
+from .resume import resume_checkpoint
 from .run_config import (
     checkpoint_dir,
     configured,
@@ -62,7 +63,7 @@ class ProjectCLI(LightningCLI):
         if subcommand:
             config = self.config[subcommand]
             # LightningCLI reads the checkpoint right after parsing: check it first.
-            check_checkpoint_path(config.get("ckpt_path"))
+            check_checkpoint_path(config.get("ckpt_path"), config.get("weights_only"))
             # Before anything logs (the seed is set next): which platform, and this process's rank on it.
             self.platform = None if names_a_cluster_environment(config.trainer) else detect_platform(config.cluster)
             if self.platform is not None and isinstance(self.platform.environment, NodeLevelEnvironment):
@@ -108,6 +109,11 @@ class ProjectCLI(LightningCLI):
             callbacks=callbacks,
             **kwargs,
         )
+        if config.get("ckpt_path") == "last":
+            # The newest checkpoint that is whole, not only the newest (resume.py).
+            found = resume_checkpoint(trainer)
+            if found is not None:
+                self.config_init[self.subcommand]["ckpt_path"] = str(found)
         if config.get("ckpt_path") == "best":
             find_best_checkpoint(trainer.checkpoint_callback)  # Lightning finds it only after a fit in this process
         # The processes Lightning starts on this node stop with this one, whatever it is doing (stopping.py).

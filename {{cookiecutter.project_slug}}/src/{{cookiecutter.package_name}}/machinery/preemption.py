@@ -120,6 +120,13 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         # Only a coordinated stop saves: after a crash the other processes may never join a save.
         stopping.stop_at_once()
 
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Lightning removes the file after every run that ends without an error: after `test`,
+        # `validate` and `predict` too, which leaves the job nothing to resume from. Only a fit that
+        # finished training (not a fast_dev_run, which only tries the code) has no more use for it.
+        if stage == "fit" and not trainer.fast_dev_run:
+            trainer.strategy.remove_checkpoint(self.ckpt_path)
+
 
 def _validating_while_training(trainer: Trainer) -> bool:
     return trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
