@@ -27,7 +27,7 @@ def test_generated_test_suite_passes(projects, answer_set):
         cwd=projects[answer_set],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
 
