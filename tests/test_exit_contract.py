@@ -1,12 +1,12 @@
 """One exit-status contract, and every launch recipe acting on it as documented.
 
-`src/<package>/machinery/exit_codes.py` defines the statuses (2 configuration error, 75 lost node, 130 Ctrl-C,
-143 preempted) and the README's "How a run ends" table repeats them: both are parsed and compared.
-Then each recipe's decision is run, not read: the POD Job's podFailurePolicy evaluated the way the
-Job controller does for pods ending with each status; the sbatch script run by bash with an srun
-that ends with each status and an scontrol that records what it was asked (and, on a requeue, ends
-the job as Slurm does); torchrun through the wrapper that keeps the workers' status, with workers
-that end with each status, for the torchrun scripts and the Swarm stack.
+`src/<package>/machinery/exit_codes.py` defines the statuses (2 configuration error, 74 a checkpoint not
+written, 75 lost node, 130 Ctrl-C, 143 preempted) and the README's "How a run ends" table repeats them:
+both are parsed and compared. Then each recipe's decision is run, not read: the POD Job's
+podFailurePolicy evaluated the way the Job controller does for pods ending with each status; the
+sbatch script run by bash with an srun that ends with each status and an scontrol that records what
+it was asked (and, on a requeue, ends the job as Slurm does); torchrun through the wrapper that keeps
+the workers' status, with workers that end with each status, for the torchrun scripts and the Swarm stack.
 """
 
 import ast
@@ -26,8 +26,9 @@ import yaml
 from .conftest import ANSWER_SETS
 from .launch_runs import launch_environment, quick_cpu_run, write_fake_mnist
 
-CONFIG_ERROR, LOST_NODE, INTERRUPTED, PREEMPTED = 2, 75, 130, 143
-OTHER_FAILURES = (1, 137)  # a bug; SIGKILL (out of memory)
+CONFIG_ERROR, CANNOT_WRITE, LOST_NODE, INTERRUPTED, PREEMPTED = 2, 74, 75, 130, 143
+# A bug; a checkpoint the disk refused (a retry ends with 2 while it is full); SIGKILL (out of memory).
+OTHER_FAILURES = (1, CANNOT_WRITE, 137)
 
 
 def exit_codes_module(project: Path) -> Path:
@@ -76,12 +77,13 @@ def test_readme_and_exit_codes_module_state_one_contract(projects, answer_set):
     project = projects[answer_set]
     assert constants(project) == {
         "CONFIG_ERROR": CONFIG_ERROR,
+        "CANNOT_WRITE": CANNOT_WRITE,
         "LOST_NODE": LOST_NODE,
         "INTERRUPTED": INTERRUPTED,
         "PREEMPTED": PREEMPTED,
     }
     documented = docstring_table(project)
-    assert set(documented) == {0, 1, CONFIG_ERROR, LOST_NODE, INTERRUPTED, PREEMPTED}
+    assert set(documented) == {0, 1, CONFIG_ERROR, CANNOT_WRITE, LOST_NODE, INTERRUPTED, PREEMPTED}
     assert readme_table(project) == documented
     assert "never retry" in documented[CONFIG_ERROR][1]
     assert all("retry" in documented[status][1] and "never" not in documented[status][1]
@@ -324,7 +326,8 @@ def test_torchrun_wrapper_exits_with_the_workers_status(default_project, tmp_pat
 @pytest.mark.parametrize(
     ("statuses", "expected"),
     [([LOST_NODE, CONFIG_ERROR], CONFIG_ERROR), ([1, CONFIG_ERROR], CONFIG_ERROR), ([LOST_NODE, 1], 1),
-     ([PREEMPTED, LOST_NODE], LOST_NODE), ([PREEMPTED, 137], 137), ([PREEMPTED, PREEMPTED], PREEMPTED)],
+     ([PREEMPTED, LOST_NODE], LOST_NODE), ([PREEMPTED, 137], 137), ([PREEMPTED, PREEMPTED], PREEMPTED),
+     ([CANNOT_WRITE, LOST_NODE], CANNOT_WRITE)],
 )  # fmt: skip
 def test_torchrun_wrapper_names_the_cause_not_its_echoes(default_project, statuses, expected):
     """Failures torchrun reports together, in any order: more than two workers fail only on bigger nodes."""

@@ -20,8 +20,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from .checkpoint_disk import CheckCheckpointDisk, refuse_unwritable_checkpoint_dirs
 from .checkpoint_fit import RefuseCheckpointsThatDoNotFit
-from .checkpoint_io import AtomicCheckpointIO
+from .checkpoint_io import AtomicCheckpointIO, CheckpointNotWritten
 from .checkpoint_path import check_checkpoint_path, find_best_checkpoint
 from .cluster.node_level import NodeLevelEnvironment
 from .cluster.platforms import detect_platform, platform_of
@@ -30,7 +31,7 @@ from .cluster.settings import ClusterSettings
 from .config_errors import OneLineErrorParser, one_line
 from .diagnostics import ExplainDistributedFailure, LogProcessPlacement, lost_contact
 from .errors import ConfigError
-from .exit_codes import CONFIG_ERROR, LOST_NODE, PREEMPTED
+from .exit_codes import CANNOT_WRITE, CONFIG_ERROR, LOST_NODE, PREEMPTED
 from .process_counts import devices_per_node, num_nodes
 from .progress import PlainProgress
 from .resumable import ResumableData
@@ -74,6 +75,8 @@ class ProjectCLI(LightningCLI):
         leave_out_what_cannot_run(config)
         use_sweep_run_dir(config.trainer)
         put_outputs_under_root_dir(config.trainer)
+        if self.subcommand == "fit":
+            refuse_unwritable_checkpoint_dirs(config.trainer)  # before training finds out at its first save
         use_fast_defaults(config.trainer)  # bf16-mixed on GPUs that support it, unless trainer.precision is set
         for logger in configured(config.trainer.logger):
             if logger.class_path.endswith(".WandbLogger"):
@@ -96,6 +99,7 @@ class ProjectCLI(LightningCLI):
             LogProcessPlacement(platform.name),
             ExplainDistributedFailure(config.cluster.timeout),
             RefuseCheckpointsThatDoNotFit(),
+            CheckCheckpointDisk(),  # room for a checkpoint before training; a failed write ends the job
             ResumableData(),  # ordinary DataLoaders resume exactly, mid-epoch too (resumable.py)
         ]
         if config.trainer.enable_progress_bar is None and not sys.stdout.isatty():
@@ -159,6 +163,9 @@ def main(args: list[str] | None = None) -> None:
             time.sleep(LAUNCHER_STOPS_THE_OTHERS_SECONDS)
         print(f"error: {one_line(error)}", file=sys.stderr)
         sys.exit(CONFIG_ERROR)
+    except CheckpointNotWritten as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(CANNOT_WRITE)
     except NodesDidNotArrive as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(LOST_NODE)

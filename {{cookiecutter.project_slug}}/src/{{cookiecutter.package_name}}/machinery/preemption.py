@@ -17,6 +17,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from . import stopping
+from .checkpoint_disk import checkpoint_dirs, newest_checkpoint
+from .checkpoint_io import CheckpointNotWritten
 
 PREEMPTED_WAIT_SECONDS = 60  # for the other processes of a node to stop after the checkpoint
 
@@ -102,10 +104,18 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
             self._stop(trainer, status)
 
     def _stop(self, trainer: Trainer, status: int) -> None:
-        trainer.save_checkpoint(self.ckpt_path)
-        rank_zero_info(
-            f"{stopping.SIGNAL_NAME[status]}: saved {self.ckpt_path} at step {trainer.global_step}; exiting ({status})"
-        )
+        try:
+            trainer.save_checkpoint(self.ckpt_path)
+            saved = f"saved {self.ckpt_path} at step {trainer.global_step}"
+        except CheckpointNotWritten as error:
+            # Only the first process writes, and raises; the others wait for it here after the save.
+            trainer.strategy.barrier("Trainer.save_checkpoint")
+            older = newest_checkpoint(checkpoint_dirs(trainer))
+            saved = (
+                f"could not save {self.ckpt_path} at step {trainer.global_step} ({error.reason}); the job will resume"
+                f" from {older or 'the start: there is no older checkpoint'}"
+            )
+        rank_zero_info(f"{stopping.SIGNAL_NAME[status]}: {saved}; exiting ({status})")
         # The node's first process ends last, so the platform sees the node finished when it exits.
         # The processes Lightning started leave its watch list first: its watcher SIGKILLs the whole
         # node as soon as one of them exits non-zero, and here each exits 143 or 130.

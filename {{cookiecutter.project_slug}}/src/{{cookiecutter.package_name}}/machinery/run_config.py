@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 OUTPUT_DIRS = {
     ".ModelCheckpoint": ("dirpath", "checkpoints"),
     ".PreemptionCheckpoint": ("dirpath", "checkpoints"),
+    ".PeriodicCheckpoint": ("dirpath", "checkpoints"),
     ".PredictionWriter": ("output_dir", ""),
 }
 
