@@ -44,6 +44,7 @@ from .run_config import (
     put_outputs_under_root_dir,
     use_sweep_run_dir,
 )
+from .run_lock import lock_run_dir
 from .run_record import SaveRunRecord
 from .speed import use_fast_defaults
 from .stopping import stop_with_this_process
@@ -74,6 +75,8 @@ class ProjectCLI(LightningCLI):
         config = self.config[self.subcommand]
         leave_out_what_cannot_run(config)
         use_sweep_run_dir(config.trainer)
+        if self.subcommand == "fit":  # one job per run directory; test, validate and predict may run beside it
+            lock_run_dir(config.trainer.default_root_dir or os.getcwd())
         put_outputs_under_root_dir(config.trainer)
         if self.subcommand == "fit":
             refuse_unwritable_checkpoint_dirs(config.trainer)  # before training finds out at its first save
