@@ -7,13 +7,15 @@ The chunks (of any image data module, written by machinery/chunks.py) may lie in
 on a shared file system or in an object store (`s3://...`, `gs://...`; litdata caches what it
 reads). Their `info/` says how many channels and classes the images have (the model is built
 for them) and how to normalise them. Every process reads its own share of the chunks and every
-loader worker a share of that, so each sample is seen once per epoch; the workers decode the
-images, and the batches become normalised floats on the device. The training loader resumes
-mid-epoch, like the in-memory one (machinery/resumable.py).
+loader worker a share of that, so each sample is seen once per epoch (but for the last few, when
+they do not fill a batch of every worker); the workers decode the images, and the batches become
+normalised floats on the device. The training loader resumes mid-epoch, like the in-memory one
+(machinery/resumable.py), on another number of processes too.
 """
 
 import io
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -22,13 +24,14 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningDataModule, Trainer
 from litdata import StreamingDataLoader, StreamingDataset
+from litdata.streaming.elastic import sample_in_epoch_from_state
 from PIL import Image
 from pydantic import NonNegativeInt, PositiveInt
 from torch import Tensor
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..machinery.errors import ConfigError
-from ..machinery.resumable import batches_trained
+from ..machinery.resumable import batches_trained, count_batches_from, say_resharded
 
 # litdata gives every loader worker its own share of the samples, so the length it reports is exact.
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
@@ -43,11 +46,16 @@ class EncodedImages(StreamingDataset):
 
 
 class ResumableStreamingDataLoader(StreamingDataLoader):
-    """litdata's loader, whose own state Lightning keeps in checkpoints, with two additions.
+    """litdata's loader, whose own state Lightning keeps in checkpoints, with three additions.
 
     A new epoch takes its number from the Trainer when its first batch is asked for, so that a
     run resumed at an epoch's end shuffles as the uninterrupted one would; litdata would count
     its epochs from 1 in every run. After an epoch's last batch there is nothing to resume.
+
+    On another number of processes (or workers, or another batch size) litdata goes on with the
+    epoch from the job's place in it, sharing the rest out in whole batches of every process and
+    worker (what does not fill them it leaves out). The place is set back so that the rest fills
+    them: no sample is left out, and fewer than one batch of every worker are trained on again.
     """
 
     def __init__(self, *args: Any, trainer: Trainer | None = None, **kwargs: Any) -> None:
@@ -63,8 +71,19 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         return {} if batches_trained(self.trainer) is None else super().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state:
-            super().load_state_dict(state)
+        if not state:
+            return
+        place, processes, workers = state["dataset"], self.trainer.world_size, max(self.num_workers, 1)
+        before = (place["world_size"], place["num_workers"], place["batch_size"])
+        if before != (processes, workers, self.batch_size):
+            trained, in_epoch = sample_in_epoch_from_state(place), len(self) * self.batch_size * processes
+            # Back to where the rest of the epoch is whole batches of every process and worker here.
+            whole = processes * workers * self.batch_size
+            place["sample_in_epoch"] = max(0, in_epoch - math.ceil((in_epoch - trained) / whole) * whole)
+            count_batches_from(self.trainer, place["sample_in_epoch"] // (processes * self.batch_size))
+            if before[0] != processes:
+                say_resharded(before[0], processes, left=in_epoch - trained, again=trained - place["sample_in_epoch"])
+        super().load_state_dict(state)
 
 
 def check_chunks(folder: str) -> None:
@@ -127,7 +146,9 @@ class StreamingImageDataModule(LightningDataModule):
         # The order's seed is seed_everything's, as for the in-memory loaders.
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         if "train" in splits:
-            self.train_set = self._dataset("train", shuffle=True, seed=seed)
+            # Whole batches on one process too (litdata's default on several), so that a job can go on
+            # with an epoch on another number of processes: litdata refuses a checkpoint that differs.
+            self.train_set = self._dataset("train", shuffle=True, seed=seed, drop_last=True)
         if "val" in splits:
             self.val_set = self._dataset("val", drop_last=False)
         if "test" in splits:

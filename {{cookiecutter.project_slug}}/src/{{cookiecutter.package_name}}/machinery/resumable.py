@@ -9,15 +9,19 @@ which the model's randomness (dropout) uses and checkpoints restore.
 
 Lightning keeps the state of a training loader that has `state_dict`/`load_state_dict` in its
 checkpoints and hands it back when it resumes from one that ended mid-epoch. The state here is
-where training stands: the epoch and how many of its batches were trained on, as the Trainer
-counts them (a loader may have handed out more: Lightning fetches ahead when it cannot tell
-from the loader's length which batch is the last).
+where the job stands: the epoch, how many samples of its order the job has trained on (from the
+batches the Trainer counts: a loader may have handed out more, as Lightning fetches ahead when it
+cannot tell from the loader's length which batch is the last), and on how many processes. A job
+restarted on another number of processes goes on with the rest of the epoch, shared out over the
+processes it has now.
 
 Loaders over an IterableDataset (litdata's streaming loader among them) keep their own state, and
 loaders with a sampler of their own are left as they are.
 """
 
 import functools
+import itertools
+import math
 import os
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
@@ -25,6 +29,7 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
@@ -36,23 +41,68 @@ def batches_trained(trainer: Trainer) -> int | None:
     return None if trained >= trainer.num_training_batches else trained
 
 
+def count_batches_from(trainer: Trainer, batches: int) -> None:
+    """Make the Trainer count the batches of the epoch it resumes on from `batches`, not from the checkpoint's count.
+
+    Lightning ends an epoch once its count of the epoch's batches on each process reaches the epoch's
+    length in batches. On another number of processes than the checkpoint's, each process has another
+    number of batches left than that count says.
+    """
+    progress = trainer.fit_loop.epoch_loop.batch_progress.current
+    batches = min(batches, trainer.num_training_batches)  # past `limit_train_batches`: the epoch is over
+    shift = batches - progress.processed  # the counts of a batch under way move with it
+    progress.ready, progress.started = progress.ready + shift, progress.started + shift
+    progress.processed, progress.completed = progress.processed + shift, progress.completed + shift
+
+
+def say_resharded(before: int, now: int, left: int, again: int = 0) -> None:
+    """One line: the job goes on with the interrupted epoch on `now` processes instead of `before`."""
+    again_too = f", and {again} trained before it again" if again else ""
+    rank_zero_info(
+        f"resharded: the interrupted epoch goes on over {now} process{'es' * (now > 1)} instead of {before}"
+        f" ({left} samples left, each once{again_too})"
+    )
+
+
 class ResumableSampler(DistributedSampler):
     """This process's share of the dataset, in an order set by the seed and the epoch alone.
 
-    DistributedSampler makes each epoch's order from its seed and the epoch Lightning sets
-    before the epoch, and Lightning uses it as it is instead of adding its own. With one
-    process it is the whole dataset. `start` skips the first samples of the next pass: the
-    ones an interrupted run had already trained on.
+    DistributedSampler makes each epoch's order of the whole dataset from its seed and the epoch
+    Lightning sets before the epoch, and Lightning uses it as it is instead of adding its own. With
+    R processes, process r takes the places r, r + R, r + 2R, ... of that order (with one process,
+    all of them). So once every process has trained on k batches of B samples, the job has trained
+    on the first k * B * R samples of the order, however many processes it ran on. A run that
+    resumes the epoch shares out the rest of the order in the same way over the processes it has.
     """
 
     def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int, shuffle: bool = True) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
-        self.start = 0
+        self.resumed = (0, 0)  # the epoch a checkpoint ended in and how many samples of its order were trained on
+
+    def trained_before(self) -> int:
+        """How many samples of this epoch's order the job trained on before this run (0 in an epoch it began)."""
+        epoch, samples = self.resumed
+        return samples if epoch == self.epoch else 0
+
+    def order(self) -> list[int]:
+        """The epoch's order of the whole dataset: DistributedSampler's."""
+        if not self.shuffle:
+            return list(range(len(self.dataset)))
+        return torch.randperm(
+            len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch)
+        ).tolist()
 
     def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())
-        start, self.start = self.start, 0
-        return iter(indices[start:])
+        order = self.order()
+        rest = order[self.trained_before() :]
+        # As DistributedSampler does: samples from the order's start again, so every process takes as many.
+        rest += itertools.islice(itertools.cycle(order), -len(rest) % self.num_replicas)
+        return iter(rest[self.rank :: self.num_replicas])
+
+    def batches_left(self, batch_size: int, drop_last: bool) -> int:
+        """How many batches this process takes from the rest of the epoch."""
+        samples = math.ceil((len(self.dataset) - self.trained_before()) / self.num_replicas)
+        return samples // batch_size if drop_last else math.ceil(samples / batch_size)
 
 
 class ResumableDataLoader(DataLoader):
@@ -75,15 +125,39 @@ class ResumableDataLoader(DataLoader):
         yield from super().__iter__()
 
     def state_dict(self) -> dict[str, int]:
-        epoch, trained = getattr(self.sampler, "epoch", 0), batches_trained(self.trainer)
-        # After an epoch's last batch, the next run starts the next epoch.
-        return {"epoch": epoch + 1, "batches": 0} if trained is None else {"epoch": epoch, "batches": trained}
+        # The job's place in the epoch, not this process's: the next run may have more or fewer processes.
+        processes, epoch, trained = self.processes(), getattr(self.sampler, "epoch", 0), batches_trained(self.trainer)
+        if trained is None:  # after an epoch's last batch, the next run starts the next epoch
+            return {"epoch": epoch + 1, "samples": 0, "processes": processes}
+        # Every process has trained on as many batches, all whole ones, since this run went on with the epoch.
+        samples = (trained - self.first_batch()) * self.batch_size * processes
+        if isinstance(self.sampler, ResumableSampler):
+            samples += self.sampler.trained_before()
+        return {"epoch": epoch, "samples": samples, "processes": processes}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         # `trainer.overfit_batches` swaps in a plain sequential sampler: nothing to resume then.
-        if isinstance(self.sampler, ResumableSampler):
-            self.sampler.set_epoch(state["epoch"])
-            self.sampler.start = state["batches"] * (self.batch_size or 1)
+        if not isinstance(self.sampler, ResumableSampler):
+            return
+        # Checkpoints from before the job's place was kept count one process's batches: written on as many as now.
+        samples = state.get("samples", state.get("batches", 0) * self.batch_size * self.processes())
+        self.sampler.set_epoch(state["epoch"])
+        self.sampler.resumed = (state["epoch"], samples)
+        if samples:  # mid-epoch
+            count_batches_from(self.trainer, self.first_batch())
+            before, now = state.get("processes", self.processes()), self.processes()
+            if before != now:
+                left = len(self.dataset) - samples
+                say_resharded(before, now, left, again=-left % now)  # repeated to give every process as many
+
+    def first_batch(self) -> int:
+        """Where the Trainer's count of the epoch's batches stood when this run began on the epoch (or went on)."""
+        if not isinstance(self.sampler, ResumableSampler):
+            return 0
+        return len(self) - self.sampler.batches_left(self.batch_size, self.drop_last)
+
+    def processes(self) -> int:
+        return getattr(self.sampler, "num_replicas", 1)
 
 
 def shuffles(loader: DataLoader) -> bool | None:
