@@ -30,6 +30,8 @@ def refuse_unwritable_checkpoint_dirs(trainer: Namespace) -> None:
     """Before anything writes there (each process writes the wandb run id beside the checkpoints)."""
     checkpoints = [callback for callback in configured(trainer.callbacks) if _is_checkpoint(callback)]
     for directory in sorted({callback.init_args.get("dirpath") for callback in checkpoints} - {None}):
+        if "://" in directory:
+            continue  # object storage: not a disk of this machine
         problem = unwritable(Path(directory))
         if problem:
             raise ConfigError(problem)
@@ -42,7 +44,7 @@ class CheckCheckpointDisk(Callback):
         self.refused = False
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit":
+        if stage != "fit" or trainer.fast_dev_run:  # a fast_dev_run writes no checkpoints
             return
         problem = None
         if trainer.is_global_zero:  # the process that writes the checkpoints, on its disk

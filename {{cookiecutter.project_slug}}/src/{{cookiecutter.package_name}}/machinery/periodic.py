@@ -52,6 +52,8 @@ class PeriodicCheckpoint(Checkpoint):
         self._pending = None
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if trainer.fast_dev_run:
+            return  # it only tries the code: it never replaces a checkpoint the job resumes from
         if self.every_n_steps is not None:
             due = trainer.global_step % self.every_n_steps == 0
         else:
