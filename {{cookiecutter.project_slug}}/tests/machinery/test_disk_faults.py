@@ -21,11 +21,9 @@ from .drills import TWO_PROCESS_STEPS_PER_EPOCH, exit_code, full_epochs_args, la
 
 pytestmark = pytest.mark.slow
 
-TOTAL_STEPS = 2 * TWO_PROCESS_STEPS_PER_EPOCH  # two epochs on two processes
-
 
 @pytest.fixture
-def mount(tmp_path: Path) -> Iterator[Callable[..., None]]:
+def mount() -> Iterator[Callable[..., None]]:
     """`mount(*arguments)` runs mount(8), or skips the test where this user cannot; unmounted afterwards."""
     mounted: list[str] = []
 
@@ -65,10 +63,10 @@ def with_periodic(experiment: Path, **init_args: float) -> Path:
     return path
 
 
-def fit_args(config: Path, run_dir: Path, tmp_path: Path, devices: int = 2) -> list[str]:
-    """Two epochs, every step slowed a little; wandb logs beside the run directory. Each process records its
+def fit_args(config: Path, run_dir: Path, tmp_path: Path, devices: int = 2, epochs: int = 2) -> list[str]:
+    """Whole epochs, every step slowed a little; wandb logs beside the run directory. Each process records its
     batches, and the first creates tmp_path/step-1 once it has trained a step."""
-    return ["fit", *full_epochs_args(config, run_dir), "--trainer.devices", str(devices),
+    return ["fit", *full_epochs_args(config, run_dir, epochs), "--trainer.devices", str(devices),
             "--trainer.logger.init_args.save_dir", str(tmp_path / "logs"),
             *paced(tmp_path / "step-1", at_step=1),
             "--trainer.callbacks+=tests.training_samples.RecordTrainingSamples",
@@ -81,15 +79,17 @@ def batches_trained(tmp_path: Path) -> int:
     return len(record.read_text().splitlines()) if record.exists() else 0
 
 
-def rerun_resumes(args: list[str], checkpoint: Path, tmp_path: Path) -> None:
-    """The same command again: it resumes from `checkpoint`, trains only the steps after it, and finishes."""
+def rerun_resumes(args: list[str], checkpoint: Path, tmp_path: Path, epochs: int = 2) -> None:
+    """The same command again (on two processes): it resumes from `checkpoint`, trains only the steps after it,
+    and finishes."""
+    total_steps = epochs * TWO_PROCESS_STEPS_PER_EPOCH
     resumed_at, trained_before = load(checkpoint)["global_step"], batches_trained(tmp_path)
     result = run_train(*args)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert f"Restored all states from the checkpoint at {checkpoint}" in output, output[-4000:]
-    assert batches_trained(tmp_path) - trained_before == TOTAL_STEPS - resumed_at
-    assert load(checkpoint.with_name("last.ckpt"))["global_step"] == TOTAL_STEPS
+    assert batches_trained(tmp_path) - trained_before == total_steps - resumed_at
+    assert load(checkpoint.with_name("last.ckpt"))["global_step"] == total_steps
 
 
 def test_a_read_only_checkpoint_directory_is_refused_before_training(experiment, mount, tmp_path):
@@ -126,8 +126,7 @@ def test_a_disk_that_fills_up_ends_in_one_line_and_keeps_the_previous_checkpoint
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
     checkpoints = run_dir / "checkpoints"
     tmpfs(mount, run_dir, "2m")
-    # A periodic checkpoint every 0.6 s of training (a step takes 0.2 s or more here).
-    args = fit_args(with_periodic(experiment, every_minutes=0.01), run_dir, tmp_path)
+    args = fit_args(with_periodic(experiment, every_n_steps=3), run_dir, tmp_path)
     job = start(args, clean_env(), log)
     wait_for(checkpoints / "periodic.ckpt", job, log)
     filler = fill_up(run_dir)
@@ -142,7 +141,7 @@ def test_a_disk_that_fills_up_ends_in_one_line_and_keeps_the_previous_checkpoint
     assert "Traceback" not in output
     assert not [path for path in checkpoints.iterdir() if path.name.startswith(".")], "temporary files left"
 
-    filler.unlink()  # the disk fixed: the newest checkpoint (periodic.ckpt, unless an epoch ended since) resumes
+    filler.unlink()  # the disk fixed: the newest checkpoint (periodic.ckpt at step 3, unless slow) resumes
     newest = max(checkpoints.glob("*.ckpt"), key=lambda path: path.stat().st_mtime)
     rerun_resumes(args, newest, tmp_path)
 
@@ -176,12 +175,13 @@ def test_sigterm_on_a_full_disk_exits_143_saying_the_checkpoint_was_not_written(
 def test_sigkill_mid_epoch_loses_only_the_steps_since_the_periodic_checkpoint(experiment, tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
     periodic = run_dir / "checkpoints" / "periodic.ckpt"
-    args = fit_args(with_periodic(experiment, every_n_steps=4), run_dir, tmp_path)
+    # Every 0.6 s of training: the processes compare clocks after 10 batches (2 s here, every step
+    # slowed to 0.2 s), and save after 20, in the third epoch; the run trains 36.
+    args = fit_args(with_periodic(experiment, every_minutes=0.01), run_dir, tmp_path, epochs=4)
     job = start(args, clean_env(), log)
     wait_for(periodic, job, log)
     os.killpg(job.pid, signal.SIGKILL)  # the whole job at once: nothing can save
     assert job.wait(timeout=30) == -signal.SIGKILL
 
-    saved_at = load(periodic)["global_step"]
-    assert saved_at % 4 == 0 and saved_at % TWO_PROCESS_STEPS_PER_EPOCH, "a periodic checkpoint mid-epoch"
-    rerun_resumes(args, periodic, tmp_path)
+    assert load(periodic)["global_step"] == 20, "saved when the processes agreed the time was up"
+    rerun_resumes(args, periodic, tmp_path, epochs=4)
