@@ -18,7 +18,8 @@ from torch import Tensor
 from .errors import ConfigError
 
 # The processes compare clocks after every 10th batch, so a save comes at most 20 batches late. After
-# every batch it cost 0.7% of the 2-process CPU throughput (bench/ in the template repository).
+# every batch it cost 0.7% of the 2-process CPU throughput (bench/ in the template repository, about
+# its noise); after every 10th, 0.4%, within the noise.
 CLOCK_BATCHES = 10
 
 
