@@ -105,8 +105,11 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
 
     def _stop(self, trainer: Trainer, status: int) -> None:
         try:
-            trainer.save_checkpoint(self.ckpt_path)
-            saved = f"saved {self.ckpt_path} at step {trainer.global_step}"
+            if trainer.fast_dev_run:  # it only tries the code: it never replaces a checkpoint the job resumes from
+                saved = "a fast_dev_run saves nothing"
+            else:
+                trainer.save_checkpoint(self.ckpt_path)
+                saved = f"saved {self.ckpt_path} at step {trainer.global_step}"
         except CheckpointNotWritten as error:
             # Only the first process writes, and raises; the others wait for it here after the save.
             trainer.strategy.barrier("Trainer.save_checkpoint")

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import Trainer
+from lightning.pytorch.utilities import rank_zero_info
 
+from .checkpoint_disk import checkpoint_dirs
 from .checkpoint_io import refusal_reason
 from .errors import ConfigError
 
@@ -26,11 +28,10 @@ log = logging.getLogger(__package__)
 
 def resume_checkpoint(trainer: Trainer) -> Path | None:
     """The checkpoint a restarted job resumes from, or None on the job's first run."""
-    dirpaths = (getattr(callback, "dirpath", None) for callback in trainer.checkpoint_callbacks)
-    directories = {Path(dirpath) for dirpath in dirpaths if dirpath}
+    directories = checkpoint_dirs(trainer)
     checkpoint = newest_whole_checkpoint(directories)
     if checkpoint is None:
-        log.info(f"no checkpoint in {', '.join(map(str, sorted(directories)))}: training from the start")
+        rank_zero_info(f"no checkpoint in {', '.join(map(str, directories))}: training from the start")
         # Lightning would add a warning that suggests `save_last=True`, which is not the way here.
         warnings.filterwarnings("ignore", message=r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint")
     return checkpoint
