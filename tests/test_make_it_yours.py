@@ -28,7 +28,7 @@ import pytest
 import torch
 from litdata import StreamingDataset
 from mnist_sample import IMAGES, LABELS, idx_items, read_verified  # scripts/, on the path from conftest.py
-from torchvision.io import write_png
+from PIL import Image
 
 from .launch_runs import launch_environment
 
@@ -128,7 +128,8 @@ def image_folder(tmp_path_factory) -> Path:
             padded = torch.nn.functional.pad(images[index], (2, 2, 2, 2))  # 28x28 -> 32x32
             folder = root / split / str(labels[index])
             folder.mkdir(parents=True, exist_ok=True)
-            write_png((padded * colours[index] // 255).to(torch.uint8), str(folder / f"{index:05d}.png"))
+            coloured = (padded * colours[index] // 255).to(torch.uint8)  # 3x32x32
+            Image.fromarray(coloured.permute(1, 2, 0).numpy()).save(folder / f"{index:05d}.png")
     return root
 
 
