@@ -2,6 +2,7 @@
 
 import csv
 import subprocess
+from importlib import metadata
 
 import yaml
 
@@ -34,7 +35,9 @@ def test_csv_logger_records_config_code_version_and_cluster_setup(experiment, tm
     recorded = yaml.safe_load((version_dir / "hparams.yaml").read_text())
     assert recorded["config"]["model"]["init_args"]["hidden"] == 32
     assert recorded["config"]["trainer"]["default_root_dir"] == str(run_dir)
-    assert recorded["cluster"] == {"environment": "NoneType", "num_nodes": 1, "devices_per_node": 1, "world_size": 1}
+    assert recorded["counts"] == {"num_nodes": 1, "devices_per_node": 1, "world_size": 1}
+    assert recorded["environment"]["platform"] == "local"
+    assert recorded["versions"]["lightning"] == metadata.version("lightning")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True)
     assert recorded["git"]["commit"] == (commit.stdout.strip() if commit.returncode == 0 else None)
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
