@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from ..conftest import PROJECT_ROOT, TRAIN_SCRIPT, quick_run_args
+from ..conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, quick_run_args
 
 STEPS_PER_EPOCH = 18  # the tiny data's 576 training images, batches of 32
 TWO_PROCESS_STEPS_PER_EPOCH = STEPS_PER_EPOCH // 2  # each process takes half of every epoch
@@ -93,3 +94,40 @@ def last_words(log: Path) -> str:
 
 def load(path: Path) -> dict:
     return torch.load(path, weights_only=True, map_location="cpu")
+
+
+def start_node(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """One node: its own process tree (session), output to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        command, cwd=PROJECT_ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def start_nodes(commands: list[list[str]], envs: list[dict[str, str]], logs: Path) -> list[subprocess.Popen]:
+    return [
+        start_node(command, env, logs / f"node{index}.log")
+        for index, (command, env) in enumerate(zip(commands, envs, strict=True))
+    ]
+
+
+def node_envs(platform: str, port: int) -> list[dict[str, str]]:
+    if platform == "SING":
+        # SING sets no port variable: both nodes use the configured cluster.main_port.
+        common = {"SING_WORLD_SIZE": "2", "SING_JOB_NAME": "test", "SING_MASTER_ADDR": "127.0.0.1",
+                  "SING_HOSTNAME_SUFFIX": "test-service.demo-project.svc.cluster.local"}  # fmt: skip
+        return [clean_env(**common, SING_RANK=str(rank)) for rank in range(2)]
+    common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+              "JOB_NAME": "test", "SVC_NAME": "test-service", "POD_NAMESPACE": "demo-project"}  # fmt: skip
+    return [clean_env(**common, RANK=str(rank)) for rank in range(2)]
+
+
+def with_periodic(experiment: Path, **init_args: float) -> Path:
+    """The experiment with the periodic checkpoint's settings replaced, written beside it."""
+    config = yaml.safe_load(experiment.read_text())
+    for callback in config["trainer"]["callbacks"]:
+        if callback["class_path"].endswith(".PeriodicCheckpoint"):
+            callback["init_args"] = init_args
+    path = experiment.with_name("periodic-" + "-".join(f"{key}-{value}" for key, value in init_args.items()) + ".yaml")
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path

@@ -5,6 +5,8 @@ import os
 import shutil
 import signal
 import stat
+import struct
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -32,9 +34,13 @@ def damage(path: Path, how: str) -> None:
         path.write_bytes(data[: len(data) // 2])
     elif how == "zeroed":  # a disk that filled up, or lost the file's blocks
         path.write_bytes(bytes(len(data)))
-    else:  # a block of zeros inside the tensors: torch.load itself reads it without a word
-        middle = len(data) // 2
-        path.write_bytes(data[:middle] + bytes(512) + data[middle + 512 :])
+    else:  # a block of zeros inside the largest tensor: torch.load itself reads it without a word
+        with zipfile.ZipFile(path) as archive:
+            largest = max((info for info in archive.infolist() if "/data/" in info.filename), key=lambda i: i.file_size)
+        # The tensor's bytes follow its local header: 30 bytes, then the name and the extra field.
+        name_length, extra_length = struct.unpack("<HH", data[largest.header_offset + 26 : largest.header_offset + 30])
+        start = largest.header_offset + 30 + name_length + extra_length + largest.file_size // 4
+        path.write_bytes(data[:start] + bytes(512) + data[start + 512 :])
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ..conftest import clean_env, run_train
-from .drills import TWO_PROCESS_STEPS_PER_EPOCH, exit_code, full_epochs_args, last_words, load, paced, start, wait_for
+from .drills import (
+    TWO_PROCESS_STEPS_PER_EPOCH,
+    exit_code,
+    full_epochs_args,
+    last_words,
+    load,
+    paced,
+    start,
+    wait_for,
+    with_periodic,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -50,17 +59,6 @@ def fill_up(directory: Path) -> Path:
         while True:
             out.write(bytes(2**16))
     return filler
-
-
-def with_periodic(experiment: Path, **init_args: float) -> Path:
-    """The experiment with the periodic checkpoint's settings replaced, written beside it."""
-    config = yaml.safe_load(experiment.read_text())
-    for callback in config["trainer"]["callbacks"]:
-        if callback["class_path"].endswith(".PeriodicCheckpoint"):
-            callback["init_args"] = init_args
-    path = experiment.with_name("periodic-" + "-".join(f"{key}-{value}" for key, value in init_args.items()) + ".yaml")
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 def fit_args(config: Path, run_dir: Path, tmp_path: Path, devices: int = 2, epochs: int = 2) -> list[str]:

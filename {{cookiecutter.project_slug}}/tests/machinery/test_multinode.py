@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, quick_run_args
+from .drills import node_envs, start_node, start_nodes
 
 pytestmark = pytest.mark.slow
 
@@ -44,21 +45,6 @@ def torchrun_command(experiment: Path, tmp_path: Path, *options: str) -> list[st
     ]  # fmt: skip
 
 
-def start_node(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """One node: its own process tree (session), output to `log`."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        command, cwd=PROJECT_ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
-    )
-
-
-def start_nodes(commands: list[list[str]], envs: list[dict[str, str]], logs: Path) -> list[subprocess.Popen]:
-    return [
-        start_node(command, env, logs / f"node{index}.log")
-        for index, (command, env) in enumerate(zip(commands, envs, strict=True))
-    ]
-
-
 def wait_for_job(nodes: list[subprocess.Popen], logs: Path, timeout: float = 240) -> None:
     for index, node in enumerate(nodes):
         try:
@@ -79,17 +65,6 @@ def assert_one_job(reports_dir: Path, num_nodes: int) -> None:
         assert report["global_rank"] == report["node_rank"] * DEVICES_PER_NODE + report["local_rank"]
     assert len({report["weights"] for report in reports}) == 1, "ranks ended with different weights"
     assert {report["global_step"] for report in reports} == {4}
-
-
-def node_envs(platform: str, port: int) -> list[dict[str, str]]:
-    if platform == "SING":
-        # SING sets no port variable: both nodes use the configured cluster.main_port.
-        common = {"SING_WORLD_SIZE": "2", "SING_JOB_NAME": "test", "SING_MASTER_ADDR": "127.0.0.1",
-                  "SING_HOSTNAME_SUFFIX": "test-service.demo-project.svc.cluster.local"}  # fmt: skip
-        return [clean_env(**common, SING_RANK=str(rank)) for rank in range(2)]
-    common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-              "JOB_NAME": "test", "SVC_NAME": "test-service", "POD_NAMESPACE": "demo-project"}  # fmt: skip
-    return [clean_env(**common, RANK=str(rank)) for rank in range(2)]
 
 
 def without_wandb_key(env: dict[str, str]) -> dict[str, str]:

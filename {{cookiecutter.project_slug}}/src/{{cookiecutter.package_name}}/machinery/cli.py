@@ -32,6 +32,7 @@ from .config_errors import OneLineErrorParser, one_line
 from .diagnostics import ExplainDistributedFailure, LogProcessPlacement, lost_contact
 from .errors import ConfigError
 from .exit_codes import CANNOT_WRITE, CONFIG_ERROR, LOST_NODE, PREEMPTED
+from .object_store import ObjectStore, StoreError, open_store
 from .process_counts import devices_per_node, num_nodes
 from .progress import PlainProgress
 from .resumable import ResumableData
@@ -48,12 +49,14 @@ from .run_lock import lock_run_dir
 from .run_record import SaveRunRecord
 from .speed import use_fast_defaults
 from .stopping import stop_with_this_process
+from .stored_checkpoints import CheckpointNotStored, CheckpointStoreSettings, StoredCheckpointIO, keep_run_id_in_store
 from .wandb_run import choose_wandb_mode, keep_wandb_run_id
 
 
 class ProjectCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(ClusterSettings, "cluster")
+        parser.add_class_arguments(CheckpointStoreSettings, "checkpoint_store")
         # What the data module knows about its samples is not repeated in the model's config: a model
         # with an argument of the same name gets the data module's value (others are left as they are).
         for shared in ("in_channels", "num_classes"):
@@ -81,11 +84,14 @@ class ProjectCLI(LightningCLI):
         if self.subcommand == "fit":
             refuse_unwritable_checkpoint_dirs(config.trainer)  # before training finds out at its first save
         use_fast_defaults(config.trainer)  # bf16-mixed on GPUs that support it, unless trainer.precision is set
+        self.store = checked_store(config.checkpoint_store, writable=self.subcommand == "fit")
         for logger in configured(config.trainer.logger):
             if logger.class_path.endswith(".WandbLogger"):
                 choose_wandb_mode(logger.init_args.save_dir)
                 if self.subcommand == "fit" and config.trainer.enable_checkpointing is not False:
                     keep_wandb_run_id(logger, checkpoint_dir(config.trainer))
+                    if self.store is not None:  # a job on a fresh disk logs to the same wandb run
+                        logger.init_args.id = keep_run_id_in_store(self.store, checkpoint_dir(config.trainer))
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self.config_init[self.subcommand]
@@ -95,7 +101,8 @@ class ProjectCLI(LightningCLI):
         if platform.environment is not None and not chosen:
             plugins.append(platform.environment)
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
-            plugins.append(AtomicCheckpointIO())
+            keep = config.checkpoint_store.keep
+            plugins.append(AtomicCheckpointIO() if self.store is None else StoredCheckpointIO(self.store, keep))
         use_timeout_for_ddp(config.cluster.timeout)
         callbacks = [
             *configured(config.trainer.callbacks),
@@ -128,6 +135,18 @@ class ProjectCLI(LightningCLI):
         return trainer
 
 
+def checked_store(settings: CheckpointStoreSettings, writable: bool) -> ObjectStore | None:
+    """The checkpoint store, once it has answered: a wrong URL, credentials or bucket end the run before training."""
+    if not settings.url:
+        return None
+    try:
+        store = open_store(settings.url, settings.timeout)
+        store.check(writable)
+    except StoreError as error:
+        raise ConfigError(f"checkpoint_store.url {error}") from None
+    return store
+
+
 def use_timeout_for_ddp(timeout: timedelta) -> None:
     # With several processes, strategy "auto" resolves to Lightning's registered "ddp" strategy;
     # registering it with our timeout makes a lost or missing process fail the job in minutes.
@@ -158,7 +177,7 @@ def main(args: list[str] | None = None) -> None:
             parser_class=OneLineErrorParser,  # bad settings raise ArgumentError: one line, usage only on --help
             args=args,
         )
-    except (ArgumentError, ConfigError) as error:
+    except (ArgumentError, ConfigError, StoreError) as error:
         # Under torchrun and Slurm every process of a node finds the same error: the first one says it
         # and ends, and the launcher stops the others while they wait. Should the launcher not stop
         # them (an error of theirs alone), they say it after all.
@@ -166,7 +185,7 @@ def main(args: list[str] | None = None) -> None:
             time.sleep(LAUNCHER_STOPS_THE_OTHERS_SECONDS)
         print(f"error: {one_line(error)}", file=sys.stderr)
         sys.exit(CONFIG_ERROR)
-    except CheckpointNotWritten as error:
+    except (CheckpointNotWritten, CheckpointNotStored) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(CANNOT_WRITE)
     except NodesDidNotArrive as error:

@@ -19,6 +19,7 @@ from torch import Tensor
 from . import stopping
 from .checkpoint_disk import checkpoint_dirs, newest_checkpoint
 from .checkpoint_io import CheckpointNotWritten
+from .stored_checkpoints import CheckpointNotStored, StoredCheckpointIO
 
 PREEMPTED_WAIT_SECONDS = 60  # for the other processes of a node to stop after the checkpoint
 
@@ -118,6 +119,7 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
                 f"could not save {self.ckpt_path} at step {trainer.global_step} ({error.reason}); the job will resume"
                 f" from {older or 'the start: there is no older checkpoint'}"
             )
+        saved += _stored(trainer)
         rank_zero_info(f"{stopping.SIGNAL_NAME[status]}: {saved}; exiting ({status})")
         # The node's first process ends last, so the platform sees the node finished when it exits.
         # The processes Lightning started leave its watch list first: its watcher SIGKILLs the whole
@@ -139,6 +141,18 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         # finished training (not a fast_dev_run, which only tries the code) has no more use for it.
         if stage == "fit" and not trainer.fast_dev_run:
             trainer.strategy.remove_checkpoint(self.ckpt_path)
+
+
+def _stored(trainer: Trainer) -> str:
+    """Wait for the checkpoint store to have every checkpoint (the process is about to end), and say so."""
+    io = trainer.strategy.checkpoint_io
+    if not isinstance(io, StoredCheckpointIO) or not trainer.is_global_zero:
+        return ""
+    try:
+        io.wait()
+    except CheckpointNotStored as error:
+        return f"; could not store it ({error.reason}); a new disk resumes from {io.latest or 'the start'}"
+    return f", stored as {io.latest}"
 
 
 def _validating_while_training(trainer: Trainer) -> bool:

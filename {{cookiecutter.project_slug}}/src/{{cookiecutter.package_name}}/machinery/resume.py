@@ -5,9 +5,15 @@ file is damaged (a node that died mid-write on a file system without atomic rena
 filled up) every restart ends in a torch traceback, although an older good checkpoint lies beside
 it. Here every checkpoint in those directories is a candidate, newest first. A damaged one is set
 aside under another name, with one line that says why, and the next one is tried.
+
+With a checkpoint store (stored_checkpoints.py), a checkpoint there that is newer than any on this
+disk (a new node or container, a fresh disk) is downloaded into the checkpoint directory first:
+the one the store's `latest` pointer names, checked against the pointer's hash, else the newest
+whole one.
 """
 
 import logging
+import os
 import pickle
 import time
 import warnings
@@ -22,6 +28,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from .checkpoint_disk import checkpoint_dirs
 from .checkpoint_io import refusal_reason
 from .errors import ConfigError
+from .object_store import ObjectStore
+from .stored_checkpoints import FOLDER, POINTER, StoredCheckpointIO, sha256_of, step_of
 
 log = logging.getLogger(__package__)
 
@@ -30,8 +38,13 @@ def resume_checkpoint(trainer: Trainer) -> Path | None:
     """The checkpoint a restarted job resumes from, or None on the job's first run."""
     directories = checkpoint_dirs(trainer)
     checkpoint = newest_whole_checkpoint(directories)
+    io = trainer.strategy.checkpoint_io
+    if isinstance(io, StoredCheckpointIO) and directories:
+        local_step = -1 if checkpoint is None else _global_step(checkpoint)
+        checkpoint = newer_from_store(io.store, directories[0], local_step) or checkpoint
     if checkpoint is None:
-        rank_zero_info(f"no checkpoint in {', '.join(map(str, directories))}: training from the start")
+        where = [*map(str, directories), *([io.store.url] if isinstance(io, StoredCheckpointIO) else [])]
+        rank_zero_info(f"no checkpoint in {', '.join(where)}: training from the start")
         # Lightning would add a warning that suggests `save_last=True`, which is not the way here.
         warnings.filterwarnings("ignore", message=r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint")
     return checkpoint
@@ -53,6 +66,51 @@ def newest_whole_checkpoint(directories: Iterable[Path]) -> Path | None:
             return path
         set_aside(path, problem)
     return None
+
+
+def newer_from_store(store: ObjectStore, directory: Path, local_step: int) -> Path | None:
+    """Download the store's newest whole checkpoint into `directory` if it is newer than `local_step`."""
+    found = store.read_json(POINTER)
+    pointer = found[0] if found else {}
+    names = sorted((name for name in store.names(FOLDER) if name.endswith(".ckpt")), key=step_of, reverse=True)
+    if pointer.get("checkpoint") in names:  # it is the newest: the pointer moves only after the upload
+        names.remove(pointer["checkpoint"])
+        names.insert(0, pointer["checkpoint"])
+    for name in names:
+        step = step_of(name)
+        if step <= local_step:
+            return None
+        pointed = name == pointer.get("checkpoint")
+        file = pointer["file"] if pointed else Path(name).name
+        downloaded = _download(store, name, directory / file, pointer.get("sha256") if pointed else None)
+        if downloaded is not None:
+            rank_zero_info(f"resuming from {store.where(name)} (step {step}), newer than any checkpoint in {directory}")
+            return downloaded
+    return None
+
+
+def _download(store: ObjectStore, name: str, target: Path, sha256: str | None) -> Path | None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Each process downloads its own copy and renames it into place: processes sharing the directory agree.
+    partial = target.with_name(f".{target.name}.download-{os.getpid()}")
+    try:
+        store.download(name, partial)
+        problem = "its hash differs from the one the pointer names" if sha256 and sha256_of(partial) != sha256 else None
+        try:
+            problem = problem or damage(partial)
+        except pickle.UnpicklingError as error:
+            raise ConfigError(f"refused to resume from {store.where(name)}: {refusal_reason(error)}") from None
+        if problem is None:
+            os.replace(partial, target)
+            return target
+    finally:
+        partial.unlink(missing_ok=True)
+    log.warning(f"skipped {store.where(name)}: it is damaged ({problem})")
+    return None
+
+
+def _global_step(path: Path) -> int:
+    return int(torch.load(path, weights_only=True, mmap=True, map_location="cpu").get("global_step", 0))
 
 
 def damage(path: Path) -> str | None:
