@@ -23,9 +23,8 @@ from .tiny import TinyClassifier, TinyDataModule
 
 TRAIN_SIZE = 576  # the tiny data's training images
 # Batches that share every number of processes here out evenly: in memory each process takes its share in batches
-# of 16; streamed, each of its 2 loader workers takes a share of that in batches of 8.
+# of 16; streamed, each of its loader workers takes a share of that in batches of 8.
 BATCH_SIZE = {"in memory": 16, "streamed": 8}
-WORKERS = 2
 
 
 def training_sample_ids(data: str, tiny_chunks: Path) -> list[str]:
@@ -99,10 +98,12 @@ class KeepImages(Callback):
             trainer.save_checkpoint(self.checkpoint)
 
 
-def fit(data: Images, ckpt_path: Path | None, save_at: int, checkpoint: Path) -> tuple[Trainer, torch.Tensor]:
+def fit(
+    data: LightningDataModule, ckpt_path: Path | None, save_at: int, checkpoint: Path, epochs: int = 1
+) -> tuple[Trainer, torch.Tensor]:
     """An epoch in this process, with the callback every run gets; the images it trained on."""
     kept = KeepImages(save_at, checkpoint)
-    trainer = Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+    trainer = Trainer(accelerator="cpu", max_epochs=epochs, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False,
                       callbacks=[ResumableData(), kept])  # fmt: skip
     trainer.fit(TinyClassifier(), data, ckpt_path=ckpt_path)
@@ -152,47 +153,71 @@ def test_a_checkpoint_that_counted_one_process_batches_resumes_as_written_on_as_
     assert torch.equal(trained, order[12:]) and trainer.global_step == 96 // 4
 
 
+def test_a_streamed_epoch_goes_on_with_each_sample_once_on_another_layout_and_after_a_second_stop(
+    monkeypatch, tiny_chunks, tmp_path
+):
+    """Stopped after 3 batches of 8 from 2 loader workers; resumed with no workers in batches of 5 (litdata itself
+    would go on from a whole batch of that layout, and in whole batches of it), stopped again after 20 of them and
+    resumed as that; the next epoch is litdata's own again."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    first, second = tmp_path / "first.ckpt", tmp_path / "second.ckpt"
+
+    def data(batch_size: int, num_workers: int) -> StreamingImageDataModule:
+        return StreamingImageDataModule(input_dir=str(tiny_chunks), batch_size=batch_size, num_workers=num_workers)
+
+    _, interrupted = fit(data(8, 2), None, save_at=3, checkpoint=first)
+    _, going_on = fit(data(5, 0), first, save_at=3 + 20, checkpoint=second)
+    trainer, resumed = fit(data(5, 0), second, save_at=-1, checkpoint=second, epochs=2)
+    assert torch.equal(resumed[: len(going_on) - 20 * 5], going_on[20 * 5 :]), "the same rest, wherever it stopped"
+    epoch = Counter(sample_ids(torch.cat([interrupted[: 3 * 8], going_on[: 20 * 5], resumed[: len(going_on) - 100]])))
+    assert epoch == Counter(training_sample_ids("streamed", tiny_chunks)), "each sample of the epoch once"
+    assert trainer.global_step == 3 + math.ceil((TRAIN_SIZE - 3 * 8) / 5) + 575 // 5  # litdata's next epoch: 575 of 5
+    assert len(set(sample_ids(resumed[len(going_on) - 100 :]))) == 575
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("data", "before", "after"),
-    [("in memory", 1, 2), ("in memory", 4, 2), ("streamed", 1, 2), ("streamed", 4, 2)],
-    ids=["in-memory-1-to-2", "in-memory-4-to-2", "streamed-1-to-2", "streamed-4-to-2"],
-)
+    ("data", "before", "after", "workers", "batch_before"),
+    [("in memory", 1, 2, 2, 16), ("in memory", 4, 2, 2, 16), ("streamed", 1, 2, 2, 18), ("streamed", 4, 2, 2, 8),
+     ("streamed", 2, 1, 0, 8)],
+    ids=["in-memory-1-to-2", "in-memory-4-to-2", "streamed-1-to-2", "streamed-4-to-2", "streamed-2-to-1-no-workers"],
+)  # fmt: skip
 def test_a_restart_on_other_processes_trains_on_the_rest_of_the_epoch_once(
-    data, before, after, experiment, tiny_chunks, tmp_path
+    data, before, after, workers, batch_before, experiment, tiny_chunks, tmp_path
 ):
+    """Streamed from 1 process in batches of 18, the stop (a few steps in) falls inside a batch of the new layout
+    (2 processes x 2 workers x 8): where litdata alone would go on from the last place where one ended."""
     run_dir, batch_size = tmp_path / "run", BATCH_SIZE[data]
 
-    def args(devices: int, *extra: str) -> list[str]:
+    def args(devices: int, batch: int, *extra: str) -> list[str]:
         if data == "in memory":
             run_args = quick_run_args(experiment, run_dir)
         else:
             run_args = streaming_run_args(experiment, tiny_chunks, run_dir)
         return ["fit", *run_args, *whole_epochs(1), "--trainer.devices", str(devices),
-                "--data.batch_size", str(batch_size), "--data.num_workers", str(WORKERS),
+                "--data.batch_size", str(batch), "--data.num_workers", str(workers),
                 "--trainer.callbacks+=tests.training_samples.RecordTrainingSamples",
                 "--trainer.callbacks.out_dir", str(run_dir / "samples"), *extra]  # fmt: skip
 
     marker, log = tmp_path / "step-3", tmp_path / "interrupted.log"
-    job = start(args(before, *paced(marker, at_step=3)), clean_env(), log)
+    job = start(args(before, batch_before, *paced(marker, at_step=3)), clean_env(), log)
     wait_for(marker, job, log)
     job.send_signal(signal.SIGTERM)
     assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
     stopped_at = load(run_dir / "checkpoints" / "preempted.ckpt")["global_step"]
-    assert 0 < stopped_at < TRAIN_SIZE // before // batch_size, "the interruption must land mid-epoch"
+    assert 0 < stopped_at < TRAIN_SIZE // before // batch_before, "the interruption must land mid-epoch"
+    trained_before = stopped_at * before * batch_before
+    if batch_before != batch_size:
+        assert trained_before % (after * workers * batch_size), "the stop must fall inside a batch of the new layout"
 
-    resumed = run_train(*args(after))
+    resumed = run_train(*args(after, batch_size))
     output = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, output[-4000:]
-    trained_before = stopped_at * before * batch_size
-    again = 0 if data == "in memory" else trained_before % (after * WORKERS * batch_size)  # see streaming_images.py
     left = TRAIN_SIZE - trained_before
-    again_too = f", and {again} trained before it again" if again else ""
-    resharded = f"resharded: the interrupted epoch goes on over {after} processes instead of {before}"
-    assert f"{resharded} ({left} samples left, each once{again_too})" in output, output[-4000:]
+    resharded = f"resharded: the interrupted epoch goes on over {after} process{'es' * (after > 1)} instead of {before}"
+    assert f"{resharded} ({left} samples left, each once)" in output, output[-4000:]
 
     trained = Counter(sample for rank in range(max(before, after)) for sample in recorded(run_dir / "samples", rank)[0])
-    assert sorted(trained) == sorted(training_sample_ids(data, tiny_chunks)), "samples left out"
-    assert sum(trained.values()) == TRAIN_SIZE + again, "samples trained twice"
-    steps_left = math.ceil((left + again) / after / batch_size)
+    assert trained == Counter(training_sample_ids(data, tiny_chunks)), "each sample of the epoch once"
+    steps_left = math.ceil(left / after / batch_size)
     assert load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == stopped_at + steps_left

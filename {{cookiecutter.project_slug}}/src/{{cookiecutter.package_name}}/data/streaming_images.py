@@ -10,7 +10,7 @@ for them) and how to normalise them. Every process reads its own share of the ch
 loader worker a share of that, so each sample is seen once per epoch (but for the last few, when
 they do not fill a batch of every worker); the workers decode the images, and the batches become
 normalised floats on the device. The training loader resumes mid-epoch, like the in-memory one
-(machinery/resumable.py), on another number of processes too.
+(machinery/resumable.py), on another number of processes too: every sample left of the epoch once.
 """
 
 import io
@@ -18,16 +18,20 @@ import json
 import math
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule, Trainer
 from litdata import StreamingDataLoader, StreamingDataset
-from litdata.streaming.elastic import sample_in_epoch_from_state
+from litdata.streaming.elastic import lockstep_stream_from_worker_seqs, sample_in_epoch_from_state
+from litdata.utilities.env import _DistributedEnv
 from PIL import Image
 from pydantic import NonNegativeInt, PositiveInt
 from torch import Tensor
+from torch.utils.data import DataLoader, Subset
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..machinery.errors import ConfigError
@@ -45,6 +49,41 @@ class EncodedImages(StreamingDataset):
         return pil_to_tensor(Image.open(io.BytesIO(sample["image"]))), sample["label"]
 
 
+def epoch_order(dataset: StreamingDataset, place: dict[str, Any]) -> list[int]:
+    """The samples of the epoch litdata's state `place` is in, in the order the job that began it trains on them.
+
+    litdata's shuffler shares the epoch's chunks out over the loader workers of every process (in a way that
+    depends on how many there are); each process's loader takes a batch from its workers in turn, and the
+    processes train on their batches in step. litdata's own elastic resume rebuilds the same order.
+    """
+    # The shuffler takes the processes and nodes as litdata's _DistributedEnv, which has no public counterpart.
+    layout = _DistributedEnv(place["initial_world_size"], 0, place["initial_num_nodes"])
+    workers, batch_size, epoch = place["initial_num_workers"], place["initial_batch_size"], place["current_epoch"]
+    len(dataset)  # makes its shuffler, if nothing has asked for its length yet
+    shuffler, chunks = dataset.shuffler, len(dataset.shuffler.cache.get_chunk_intervals())
+    workers_chunks, workers_intervals = shuffler.get_chunks_and_intervals_per_workers(
+        layout, workers, batch_size, epoch
+    )
+    workers_samples = [
+        [sample for chunk, interval in zip(worker_chunks, intervals, strict=True)
+         for sample in shuffler(np.arange(interval[1], interval[2]), chunks, epoch, chunk)]
+        for worker_chunks, intervals in zip(workers_chunks, workers_intervals, strict=True)
+    ]  # fmt: skip
+    return lockstep_stream_from_worker_seqs(
+        workers_samples, world_size=layout.world_size, num_workers=workers, batch_size=batch_size
+    )
+
+
+@dataclass
+class RestOfEpoch:
+    """This process's share of the rest of an epoch begun on another layout of processes, workers and batches."""
+
+    epoch: int  # the Trainer's
+    place: dict[str, Any]  # litdata's state: where the job stood in the epoch when this run went on with it
+    samples: list[int]  # this process's share, in order
+    first_batch: int  # where the Trainer's count of the epoch's batches stood when this run went on with it
+
+
 class ResumableStreamingDataLoader(StreamingDataLoader):
     """litdata's loader, whose own state Lightning keeps in checkpoints, with three additions.
 
@@ -52,38 +91,70 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
     run resumed at an epoch's end shuffles as the uninterrupted one would; litdata would count
     its epochs from 1 in every run. After an epoch's last batch there is nothing to resume.
 
-    On another number of processes (or workers, or another batch size) litdata goes on with the
-    epoch from the job's place in it, sharing the rest out in whole batches of every process and
-    worker (what does not fill them it leaves out). The place is set back so that the rest fills
-    them: no sample is left out, and fewer than one batch of every worker are trained on again.
+    On another number of processes (or workers, or another batch size) litdata would go on with the
+    epoch in whole batches of every process and worker, from a place rounded down to one: some
+    samples twice, the last few left out. This loader goes on with the rest itself instead, as the
+    in-memory one does: the rest of the epoch's order (the job's, from its seed and epoch) with
+    process r of R taking its places r, r + R, ... (from the order's start again, to give every process
+    as many), read by index. The epoch after it is litdata's again.
     """
 
     def __init__(self, *args: Any, trainer: Trainer | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.trainer = trainer
+        self.rest: RestOfEpoch | None = None
 
     def __iter__(self) -> Any:
+        if self.rest is not None and self.rest.epoch == self.trainer.current_epoch:
+            yield from DataLoader(
+                Subset(self.dataset, self.rest.samples), batch_size=self.batch_size, num_workers=self.num_workers,
+                collate_fn=self.collate_fn, pin_memory=self.pin_memory, generator=self.generator,
+            )  # fmt: skip
+            return
+        self.rest = None
         if not self.restore and self.trainer is not None:  # a new epoch, not the rest of a resumed one
             self.current_epoch = self.trainer.current_epoch  # litdata adds one as the epoch starts
         yield from super().__iter__()
 
     def state_dict(self) -> dict[str, Any]:
-        return {} if batches_trained(self.trainer) is None else super().state_dict()
+        batches = batches_trained(self.trainer)
+        if batches is None:
+            return {}
+        if self.rest is None:
+            return super().state_dict()
+        # The job's place in the epoch's order: every process has trained on as many whole batches since this run began.
+        trained = sample_in_epoch_from_state(self.rest.place)
+        trained += (batches - self.rest.first_batch) * self.batch_size * self.trainer.world_size
+        place = {
+            **self.rest.place, "sample_in_epoch": trained, "num_samples_yielded": 0,
+            "world_size": self.trainer.world_size, "num_workers": max(self.num_workers, 1),
+            "batch_size": self.batch_size,
+            "resume_mode": "elastic",  # litdata's mark for a place in the job's order, not in its order for a layout
+        }  # fmt: skip
+        return {"dataset": place, "current_epoch": place["current_epoch"], "num_samples_yielded": 0,
+                "latest_worker_idx": 0}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:
             return
-        place, processes, workers = state["dataset"], self.trainer.world_size, max(self.num_workers, 1)
-        before = (place["world_size"], place["num_workers"], place["batch_size"])
-        if before != (processes, workers, self.batch_size):
-            trained, in_epoch = sample_in_epoch_from_state(place), len(self) * self.batch_size * processes
-            # Back to where the rest of the epoch is whole batches of every process and worker here.
-            whole = processes * workers * self.batch_size
-            place["sample_in_epoch"] = max(0, in_epoch - math.ceil((in_epoch - trained) / whole) * whole)
-            count_batches_from(self.trainer, place["sample_in_epoch"] // (processes * self.batch_size))
-            if before[0] != processes:
-                say_resharded(before[0], processes, left=in_epoch - trained, again=trained - place["sample_in_epoch"])
-        super().load_state_dict(state)
+        place, processes = state["dataset"], self.trainer.world_size
+        layout = (place["world_size"], place["num_workers"], place["batch_size"])
+        # A place in litdata's own order for this layout, which it goes on with exactly ("elastic": in the job's order).
+        if layout == (processes, max(self.num_workers, 1), self.batch_size) and place.get("resume_mode") != "elastic":
+            super().load_state_dict(state)
+            return
+        order, trained = epoch_order(self.dataset, place), sample_in_epoch_from_state(place)
+        left = len(order) - trained
+        rest = order[trained:] + order[: -left % processes]  # from the start again: every process takes as many
+        # No more batches than the epoch has on this layout (litdata's length), which the rest rarely exceeds.
+        batches = min(math.ceil(len(rest) // processes / self.batch_size), len(self))
+        rest = rest[: batches * self.batch_size * processes]
+        self.rest = RestOfEpoch(self.trainer.current_epoch, place, rest[self.trainer.global_rank :: processes],
+                                first_batch=len(self) - batches)  # fmt: skip
+        count_batches_from(self.trainer, self.rest.first_batch)
+        if place["world_size"] != processes:
+            again, left_out = max(0, len(rest) - left), max(0, left - len(rest))
+            say_resharded(place["world_size"], processes, left=left - left_out, again=again, left_out=left_out)
 
 
 def check_chunks(folder: str) -> None:

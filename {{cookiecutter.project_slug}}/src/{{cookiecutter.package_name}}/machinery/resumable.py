@@ -55,12 +55,13 @@ def count_batches_from(trainer: Trainer, batches: int) -> None:
     progress.processed, progress.completed = progress.processed + shift, progress.completed + shift
 
 
-def say_resharded(before: int, now: int, left: int, again: int = 0) -> None:
+def say_resharded(before: int, now: int, left: int, again: int = 0, left_out: int = 0) -> None:
     """One line: the job goes on with the interrupted epoch on `now` processes instead of `before`."""
     again_too = f", and {again} trained before it again" if again else ""
+    too_many = f"; {left_out} more left out, past the epoch's end here" if left_out else ""
     rank_zero_info(
         f"resharded: the interrupted epoch goes on over {now} process{'es' * (now > 1)} instead of {before}"
-        f" ({left} samples left, each once{again_too})"
+        f" ({left} samples left, each once{again_too}{too_many})"
     )
 
 
