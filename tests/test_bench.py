@@ -12,6 +12,7 @@ from .conftest import TEMPLATE
 sys.path.insert(0, str(TEMPLATE / "bench"))
 
 import benchmark  # noqa: E402
+import checkpoint_store  # noqa: E402
 
 COMPARISON_FIGURES = (
     "template_images_per_s",
@@ -79,3 +80,25 @@ def test_a_restarted_clock_counts_only_its_own_steps(monkeypatch):
     result = clock.result()
     assert clock.done and result["steps_timed"] == 2
     assert result["images_per_s"] == 20 / 2  # the intervals 1-2 and 4-5
+
+
+def test_checkpoint_store_timings_reach_the_table_and_results_json(default_project, tmp_path, capsys):
+    # A tiny "large" model: the same code path as the 1 GB one, against a real moto S3 server.
+    checkpoint_store.main(
+        ["--out", str(tmp_path), "--project", str(default_project), "--repeats", "2", "--large-parameters", "10000"]
+    )
+    results = json.loads((tmp_path / "results.json").read_text())
+
+    assert set(results["cases"]) == {"example model", "large: weights", "large: weights+AdamW"}
+    assert results["parameters"]["example model"] == 421_642  # the default config's ImageClassifier
+    for name, figures in results["cases"].items():
+        assert len(results["samples"][name]) == 2
+        for field in checkpoint_store.TIMED:
+            assert_figure(figures[field])
+        assert figures["save_and_upload_s"] >= figures["blocked_s"]
+        assert set(figures["grace_fraction"]) == set(checkpoint_store.GRACE_PERIODS_S)
+        assert set(figures["computed"]) == set(checkpoint_store.BANDWIDTHS)
+    sizes = {name: figures["bytes"] for name, figures in results["cases"].items()}
+    assert 2.5 < sizes["large: weights+AdamW"] / sizes["large: weights"] < 3.5  # AdamW keeps two moments
+    table = capsys.readouterr().out
+    assert "preemption: save + wait()" in table and "of AWS spot (120 s)" in table
