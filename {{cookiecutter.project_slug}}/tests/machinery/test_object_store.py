@@ -142,37 +142,48 @@ def test_a_preempted_two_node_job_resumes_from_the_bucket_on_a_fresh_disk(s3, ex
               "--cluster.main_port", str(port), "--trainer.strategy", "lightning.pytorch.strategies.DDPStrategy",
               "--trainer.strategy.find_unused_parameters", "true",
               "--trainer.strategy.start_method", "popen"]  # fmt: skip
-    train = [sys.executable, str(TRAIN_SCRIPT), "fit", *common]
-    reference = start_nodes([train] * 2, node_envs("SING", port), tmp_path / "reference")
+    disks = [tmp_path / f"node{rank}-disk" for rank in range(2)]  # as on SING: each container has a disk of its own
+
+    def on_each_disk(*args: str) -> list[list[str]]:
+        train = [sys.executable, str(TRAIN_SCRIPT), "fit", *common, *args]
+        return [[*train, "--trainer.default_root_dir", str(disk / "run")] for disk in disks]
+
+    reference = start_nodes(on_each_disk(), node_envs("SING", port), tmp_path / "reference")
     assert [exit_code(node, 240, "the reference run hung") for node in reference] == [0, 0]
-    expected = load(tmp_path / "run" / "checkpoints" / "last.ckpt")
-    shutil.rmtree(tmp_path / "run")
+    expected = load(disks[0] / "run" / "checkpoints" / "last.ckpt")
+    for disk in disks:
+        shutil.rmtree(disk)
 
     marker = tmp_path / "step-4"
-    command = [*train, *store_args("job"), *paced(marker, at_step=4)]
+    commands = on_each_disk(*store_args("job"), *paced(marker, at_step=4))
     envs = [s3.env(base=env) for env in node_envs("SING", port)]
     logs = tmp_path / "preempted"
-    nodes = start_nodes([command] * 2, envs, logs)
+    nodes = start_nodes(commands, envs, logs)
     wait_for(marker, nodes[0], logs / "node0.log")
     for node in nodes:  # the platform stops every node's container
         node.send_signal(signal.SIGTERM)
     assert [exit_code(node, 120, "the preempted job hung") for node in nodes] == [143, 143]
     pointer = assert_complete(s3, "job")
     assert pointer["file"] == "preempted.ckpt" and pointer["step"] % 9, pointer  # mid-epoch
-    assert f"stored as s3://{BUCKET}/job/{pointer['checkpoint']}" in (logs / "node0.log").read_text()
+    url = f"s3://{BUCKET}/job/{pointer['checkpoint']}"
+    assert f"stored as {url}" in (logs / "node0.log").read_text()
     run_id = s3.read("job/wandb-run-id").decode()
+    shown = subprocess.run([sys.executable, "-m", "{{ cookiecutter.package_name }}.machinery.provenance", url],
+                           env=s3.env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0 and f"step      {pointer['step']} (epoch" in shown.stdout, shown.stderr[-3000:]
 
-    shutil.rmtree(tmp_path / "run")  # new containers: nothing of the run on their disks
-    nodes = start_nodes([command] * 2, envs, tmp_path / "resumed")
+    for disk in disks:  # new containers: nothing of the run on their disks
+        shutil.rmtree(disk)
+    nodes = start_nodes(commands, envs, tmp_path / "resumed")
     assert [exit_code(node, 240, "the resumed job hung") for node in nodes] == [0, 0]
-    log = (tmp_path / "resumed" / "node0.log").read_text()
-    assert f"resuming from s3://{BUCKET}/job/{pointer['checkpoint']} (step {pointer['step']})" in log
-    actual = load(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    log = (tmp_path / "resumed" / "node0.log").read_text()  # node 1 downloads too: else it would not train in step
+    assert f"resuming from {url} (step {pointer['step']})" in log, log[-3000:]
+    actual = load(disks[0] / "run" / "checkpoints" / "last.ckpt")
     assert actual["global_step"] == expected["global_step"] == 18
     for name, tensor in expected["state_dict"].items():
         assert torch.equal(tensor, actual["state_dict"][name]), f"{name} differs after resuming from the bucket"
-    assert (tmp_path / "run" / "checkpoints" / "wandb-run-id").read_text() == run_id
-    offline_runs = [path.name for path in (tmp_path / "run" / "wandb").glob("offline-run-*")]
+    assert (disks[0] / "run" / "checkpoints" / "wandb-run-id").read_text() == run_id
+    offline_runs = [path.name for path in (disks[0] / "run" / "wandb").glob("offline-run-*")]
     assert offline_runs and all(name.endswith(f"-{run_id}") for name in offline_runs)
 
 

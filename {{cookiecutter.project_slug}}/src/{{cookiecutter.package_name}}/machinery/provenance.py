@@ -18,6 +18,7 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -29,6 +30,7 @@ from lightning.pytorch import Trainer
 from .checkpoint_io import refusal_reason
 from .cluster.platforms import platform_of
 from .exit_codes import CONFIG_ERROR
+from .object_store import StoreError, open_store
 
 KEY = "provenance"
 # Set by the Dockerfile from its build arguments: an image has no git repository to ask.
@@ -96,8 +98,14 @@ def _git(directory: Path, *args: str) -> bytes:
 
 
 def read_checkpoint(path: str) -> dict[str, Any]:
-    """The checkpoint at `path` as data only (no code in it can run), its tensors mapped, not read."""
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    """The checkpoint at `path` (a file, or an object store URL) as data only: no code in it can run."""
+    if "://" not in path:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors mapped, not read
+    folder, _, name = path.rpartition("/")
+    with tempfile.TemporaryDirectory() as scratch:
+        local = Path(scratch, name)
+        open_store(folder, timeout=60).download(name, local)
+        return torch.load(local, map_location="cpu", weights_only=True)
 
 
 def summary(checkpoint: dict[str, Any]) -> str:
@@ -126,7 +134,7 @@ def summary(checkpoint: dict[str, Any]) -> str:
 
 def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Show where a checkpoint came from.")
-    parser.add_argument("checkpoint", help="a checkpoint file")
+    parser.add_argument("checkpoint", help="a checkpoint file, or its URL in a checkpoint store (s3://...)")
     parser.add_argument("--config", action="store_true", help="print the resolved config that trained it")
     options = parser.parse_args(args)
     try:
@@ -135,6 +143,8 @@ def main(args: list[str] | None = None) -> None:
         _fail(f"refused to load {options.checkpoint}: {refusal_reason(error)}")
     except (OSError, RuntimeError) as error:  # no such file, or not a checkpoint
         _fail(f"cannot read {options.checkpoint}: {error}")
+    except StoreError as error:
+        _fail(str(error))
     if KEY not in checkpoint:
         _fail(f"{options.checkpoint} records no provenance: saved before it was recorded, or not by train.py")
     if options.config:
