@@ -287,6 +287,30 @@ def test_a_store_that_cannot_be_used_ends_the_run_before_training_in_one_line(s3
         assert not (tmp_path / case / "checkpoints").exists() or not list((tmp_path / case).rglob("*.ckpt")), case
 
 
+def test_a_second_job_on_one_store_location_is_refused_and_a_killed_ones_lock_taken_over(s3, experiment, tmp_path):
+    # Each job has a disk of its own (another machine): only the store's lock can tell them apart.
+    def args(run: str, *extra: str) -> list[str]:
+        return ["fit", *full_epochs_args(experiment, tmp_path / run), *store_args("locked"), *extra]
+
+    marker, log = tmp_path / "step-2", tmp_path / "first.log"
+    first = start(args("first", *paced(marker, at_step=2)), s3.env(), log)
+    wait_for(marker, first, log)
+    second = run_train(*args("second"), env=s3.env())
+    errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+    assert second.returncode == 2 and len(errors) == 1, second.stderr[-3000:]
+    assert f"checkpoint store s3://{BUCKET}/locked is in use by another job: host {socket.gethostname()}, process" \
+           f" {first.pid}, started" in errors[0]  # fmt: skip
+    assert not (tmp_path / "second" / "checkpoints").exists() or not list((tmp_path / "second").rglob("*.ckpt"))
+
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    third = run_train(*args("third"), env=s3.env())
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert f"taking over the lock of host {socket.gethostname()}, process {first.pid}" in third.stderr + third.stdout
+    assert f"process {first.pid} has ended" in third.stderr + third.stdout
+    assert "run.lock" not in s3.names("locked")  # released when the job ended
+
+
 def test_two_jobs_writing_one_location_cannot_cross(s3, tmp_path, monkeypatch):
     for name, value in s3.env().items():
         if name.startswith("AWS_"):

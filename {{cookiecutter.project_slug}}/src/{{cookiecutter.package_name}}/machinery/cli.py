@@ -49,6 +49,7 @@ from .run_lock import lock_run_dir
 from .run_record import SaveRunRecord
 from .speed import use_fast_defaults
 from .stopping import stop_with_this_process
+from .store_lock import lock_store
 from .stored_checkpoints import CheckpointNotStored, CheckpointStoreSettings, StoredCheckpointIO, keep_run_id_in_store
 from .wandb_run import choose_wandb_mode, keep_wandb_run_id
 
@@ -85,6 +86,8 @@ class ProjectCLI(LightningCLI):
             refuse_unwritable_checkpoint_dirs(config.trainer)  # before training finds out at its first save
         use_fast_defaults(config.trainer)  # bf16-mixed on GPUs that support it, unless trainer.precision is set
         self.store = checked_store(config.checkpoint_store, writable=self.subcommand == "fit")
+        if self.store is not None and self.subcommand == "fit":  # one job per store location, as per run directory
+            lock_store(self.store)
         for logger in configured(config.trainer.logger):
             if logger.class_path.endswith(".WandbLogger"):
                 choose_wandb_mode(logger.init_args.save_dir)
