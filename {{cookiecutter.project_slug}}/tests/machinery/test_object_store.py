@@ -227,6 +227,12 @@ def test_a_writer_killed_at_any_moment_leaves_a_complete_checkpoint_to_resume_fr
     assert s3.names("killed") == {"latest", "wandb-run-id", *(f"checkpoints/{name}" for name in expected)}
     assert s3.pointer("killed")["step"] == 54
 
+    # On a fresh disk, `test --ckpt_path best` finds the best checkpoint in the store too.
+    shutil.rmtree(run_dir)
+    tested = run_train("test", *args[1:], "--ckpt_path", "best", env=s3.env())
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    assert (run_dir / "checkpoints" / best).is_file() and "test/acc" in tested.stdout
+
 
 def test_a_store_that_stops_answering_ends_the_job_and_loses_nothing_stored(experiment, tmp_path):
     server = start_s3_server(tmp_path / "server.log", with_credentials=False)

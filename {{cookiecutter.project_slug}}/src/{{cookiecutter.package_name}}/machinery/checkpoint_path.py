@@ -13,7 +13,9 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
 from .checkpoint_io import refusal_reason
 from .errors import ConfigError
-from .resume import damage, newest_whole_checkpoint
+from .object_store import ObjectStore
+from .resume import damage, download_checkpoint, newer_from_store, newest_whole_checkpoint
+from .stored_checkpoints import FOLDER
 
 CHECKPOINT_ALIASES = ("last", "best", "hpc")
 
@@ -44,12 +46,13 @@ def check_checkpoint_path(ckpt_path: str | None, weights_only: bool | None) -> N
             raise ConfigError(f"ckpt_path {ckpt_path} is damaged: {problem}")
 
 
-def find_best_checkpoint(callback: Checkpoint | None) -> None:
+def find_best_checkpoint(callback: Checkpoint | None, store: ObjectStore | None = None) -> None:
     """Tell the first ModelCheckpoint which file is its best, from the checkpoints of earlier runs.
 
     Lightning resolves `ckpt_path: best` from what that callback remembers of a `fit` in this
     process, and fails in any other. Every checkpoint holds the callback's state, which names the
     best file: the newest checkpoint in its directory (last.ckpt after every epoch) says which.
+    With a checkpoint store, files missing on this disk are downloaded from it.
     """
     if not isinstance(callback, ModelCheckpoint) or callback.dirpath is None:
         raise ConfigError("ckpt_path best needs a ModelCheckpoint in trainer.callbacks; pass a checkpoint file instead")
@@ -57,6 +60,8 @@ def find_best_checkpoint(callback: Checkpoint | None) -> None:
         return
     directory = Path(callback.dirpath)
     newest = newest_whole_checkpoint([directory])
+    if newest is None and store is not None:  # a fresh disk: the store's newest names the best
+        newest = newer_from_store(store, directory, local_step=-1)
     if newest is None:
         raise ConfigError(f"ckpt_path best: no checkpoints in {directory}; run fit first or pass a checkpoint file")
     states = torch.load(newest, weights_only=True, mmap=True, map_location="cpu").get("callbacks", {})
@@ -67,6 +72,8 @@ def find_best_checkpoint(callback: Checkpoint | None) -> None:
         )
     # A run directory copied or moved since keeps the file names: look for the same name here.
     best = Path(best) if Path(best).is_file() else directory / Path(best).name
+    if not best.is_file() and store is not None:
+        download_checkpoint(store, f"{FOLDER}/{best.name}", best)
     if not best.is_file():
         raise ConfigError(f"ckpt_path best: {newest} names {best.name} as the best checkpoint, not in {directory}")
     callback.best_model_path = str(best)

@@ -132,7 +132,8 @@ class ProjectCLI(LightningCLI):
             if found is not None:
                 self.config_init[self.subcommand]["ckpt_path"] = str(found)
         if config.get("ckpt_path") == "best":
-            find_best_checkpoint(trainer.checkpoint_callback)  # Lightning finds it only after a fit in this process
+            # Lightning finds it only after a fit in this process; with a store, on a fresh disk too.
+            find_best_checkpoint(trainer.checkpoint_callback, self.store)
         # The processes Lightning starts on this node stop with this one, whatever it is doing (stopping.py).
         stop_with_this_process(lambda: getattr(trainer.strategy.launcher, "procs", []))
         return trainer

@@ -82,14 +82,15 @@ def newer_from_store(store: ObjectStore, directory: Path, local_step: int) -> Pa
             return None
         pointed = name == pointer.get("checkpoint")
         file = pointer["file"] if pointed else Path(name).name
-        downloaded = _download(store, name, directory / file, pointer.get("sha256") if pointed else None)
+        downloaded = download_checkpoint(store, name, directory / file, pointer.get("sha256") if pointed else None)
         if downloaded is not None:
             rank_zero_info(f"resuming from {store.where(name)} (step {step}), newer than any checkpoint in {directory}")
             return downloaded
     return None
 
 
-def _download(store: ObjectStore, name: str, target: Path, sha256: str | None) -> Path | None:
+def download_checkpoint(store: ObjectStore, name: str, target: Path, sha256: str | None = None) -> Path | None:
+    """The store's checkpoint `name` as the file `target`, or None (with one line) when it is damaged."""
     target.parent.mkdir(parents=True, exist_ok=True)
     # Each process downloads its own copy and renames it into place: processes sharing the directory agree.
     partial = target.with_name(f".{target.name}.download-{os.getpid()}")
