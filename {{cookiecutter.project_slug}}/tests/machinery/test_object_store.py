@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.machinery.object_store import FsspecStore, StoreConflict, StoreError, open_store
+from {{ cookiecutter.package_name }}.machinery.resume import newer_from_store
 from {{ cookiecutter.package_name }}.machinery.stored_checkpoints import StoredCheckpointIO, family, stored_name
 
 from ..conftest import TRAIN_SCRIPT, clean_env, free_port, run_train
@@ -331,6 +332,28 @@ def test_two_jobs_writing_one_location_cannot_cross(s3, tmp_path, monkeypatch):
     with pytest.raises(Exception, match=r"latest was moved by another job \(host .*, process \d+\): one job per"):
         first.wait()
     assert s3.pointer("crossed")["step"] == 2  # the second job's pointer stands
+
+
+def test_resume_skips_a_damaged_or_vanished_stored_checkpoint_for_the_next_newest(s3, tmp_path, monkeypatch, caplog):
+    for name, value in s3.env().items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+    io = StoredCheckpointIO(open_store(f"s3://{BUCKET}/fallback", timeout=5), keep=5)
+    for step in (3, 5, 7):
+        io.save_checkpoint({"state_dict": {"weight": torch.full((2,), step)}, "global_step": step},
+                           tmp_path / "job" / "periodic.ckpt")  # fmt: skip
+    io.wait()
+    client = s3.client()
+    client.delete_object(Bucket=BUCKET, Key="fallback/checkpoints/periodic-step=7.ckpt")  # the pointer's: gone
+    client.put_object(Bucket=BUCKET, Key="fallback/checkpoints/periodic-step=5.ckpt", Body=b"PK\x03\x04 cut short")
+
+    found = newer_from_store(io.store, tmp_path / "fresh", local_step=-1)
+    assert found == tmp_path / "fresh" / "periodic-step=3.ckpt" and load(found)["global_step"] == 3
+    skipped = [record.getMessage() for record in caplog.records if record.getMessage().startswith("skipped")]
+    assert skipped == [f"skipped s3://{BUCKET}/fallback/checkpoints/periodic-step=7.ckpt: it is gone from the store",
+                       f"skipped s3://{BUCKET}/fallback/checkpoints/periodic-step=5.ckpt: it is damaged (File is not"
+                       " a zip file)"]  # fmt: skip
+    assert newer_from_store(io.store, tmp_path / "fresh", local_step=3) is None  # nothing newer than the disk's
 
 
 def test_stored_names_keep_each_version_apart():

@@ -49,6 +49,7 @@ class ObjectStore:
         raise NotImplementedError
 
     def download(self, name: str, local: Path) -> None:
+        """Copy an object out; FileNotFoundError if there is none."""
         raise NotImplementedError
 
     def names(self, folder: str) -> list[str]:
@@ -141,6 +142,8 @@ class S3Store(ObjectStore):
             code = error.response.get("Error", {}).get("Code", "")
             if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
                 raise StoreConflict(f"{where} was changed by someone else meanwhile") from None
+            if code in ("404", "NoSuchKey"):
+                raise FileNotFoundError(f"{where}: no such object") from None
             if code == "NoSuchBucket":
                 raise StoreError(f"{where}: bucket {self.bucket} does not exist") from None
             if code in ("AccessDenied", "403", "Forbidden"):

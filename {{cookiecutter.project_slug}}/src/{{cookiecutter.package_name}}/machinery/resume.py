@@ -73,9 +73,8 @@ def newer_from_store(store: ObjectStore, directory: Path, local_step: int) -> Pa
     found = store.read_json(POINTER)
     pointer = found[0] if found else {}
     names = sorted((name for name in store.names(FOLDER) if name.endswith(".ckpt")), key=step_of, reverse=True)
-    if pointer.get("checkpoint") in names:  # it is the newest: the pointer moves only after the upload
-        names.remove(pointer["checkpoint"])
-        names.insert(0, pointer["checkpoint"])
+    if "checkpoint" in pointer:  # the newest whole one, unless something happened to it since
+        names = [pointer["checkpoint"], *(name for name in names if name != pointer["checkpoint"])]
     for name in names:
         step = step_of(name)
         if step <= local_step:
@@ -90,23 +89,26 @@ def newer_from_store(store: ObjectStore, directory: Path, local_step: int) -> Pa
 
 
 def download_checkpoint(store: ObjectStore, name: str, target: Path, sha256: str | None = None) -> Path | None:
-    """The store's checkpoint `name` as the file `target`, or None (with one line) when it is damaged."""
+    """The store's checkpoint `name` as the file `target`, or None (with one line) when it is damaged or gone."""
     target.parent.mkdir(parents=True, exist_ok=True)
     # Each process downloads its own copy and renames it into place: processes sharing the directory agree.
     partial = target.with_name(f".{target.name}.download-{os.getpid()}")
     try:
         store.download(name, partial)
-        problem = "its hash differs from the one the pointer names" if sha256 and sha256_of(partial) != sha256 else None
+        damaged = "its hash differs from the one the pointer names" if sha256 and sha256_of(partial) != sha256 else None
         try:
-            problem = problem or damage(partial)
+            damaged = damaged or damage(partial)
         except pickle.UnpicklingError as error:
             raise ConfigError(f"refused to resume from {store.where(name)}: {refusal_reason(error)}") from None
-        if problem is None:
+        if damaged is None:
             os.replace(partial, target)
             return target
+        problem = f"it is damaged ({damaged})"
+    except FileNotFoundError:
+        problem = "it is gone from the store"
     finally:
         partial.unlink(missing_ok=True)
-    log.warning(f"skipped {store.where(name)}: it is damaged ({problem})")
+    log.warning(f"skipped {store.where(name)}: {problem}")
     return None
 
 
