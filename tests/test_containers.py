@@ -10,11 +10,17 @@ compose file. A run passes only if all 4 processes formed one job and ended with
 """
 
 import itertools
+import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 import torch
 import yaml
@@ -95,15 +101,19 @@ def mnist(real_mnist, tmp_path_factory) -> Path:
 
 
 def start_node(containers: Containers, image: str, platform: str, rank: int, network: str, runs: Path,
-               data: Path, *extra: str) -> str:  # fmt: skip
-    """One node as its platform starts it: its own container, its variables, the image's own command."""
+               data: Path, *extra: str, env: dict[str, str] | None = None, runs_at: Path = RUNS,
+               name: str = "") -> str:  # fmt: skip
+    """One node as its platform starts it: its own container, its variables, the image's own command.
+
+    `runs` is mounted at `runs_at`, where the runs and the rank reports go; `env` is added to the platform's variables.
+    """
     # A job that cannot form fails in a minute rather than the default five.
-    cpu = [*quick_cpu_run(DATA, RUNS), "--trainer.devices", str(PROCESSES_PER_NODE), "--cluster.timeout", "0:01:00"]
+    cpu = [*quick_cpu_run(DATA, runs_at), "--trainer.devices", str(PROCESSES_PER_NODE), "--cluster.timeout", "0:01:00"]
     command = [*image_command(image), *cpu, *extra]
     return containers.run(
-        f"{platform.lower()}-{rank}", image, command,
-        network=network, hostname=f"test-{rank}", aliases=[host(rank)], env=PLATFORM_VARIABLES[platform](rank),
-        volumes=[f"{data}:{DATA}:ro", f"{runs}:{RUNS}"],
+        name or f"{platform.lower()}-{rank}", image, command,
+        network=network, hostname=f"test-{rank}", aliases=[host(rank)],
+        env={**PLATFORM_VARIABLES[platform](rank), **(env or {})}, volumes=[f"{data}:{DATA}:ro", f"{runs}:{runs_at}"],
     )  # fmt: skip
 
 
@@ -168,6 +178,96 @@ def test_podman_stop_preempts_and_the_same_containers_resume(project_image, cont
     reports = assert_one_process_group(runs, NODES * PROCESSES_PER_NODE, PROCESSES_PER_NODE, log)
     assert reports[0]["global_step"] == planned
     assert not preempted.exists()
+
+
+BUCKET = "checkpoints"
+
+
+def network_gateway(network: str) -> str:
+    return podman("network", "inspect", "--format", "{{range .Subnets}}{{.Gateway}}{{end}}", network).stdout.strip()
+
+
+@pytest.fixture
+def bucket_network(project_image, containers, tmp_path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A network with moto's S3 server (a bucket `checkpoints`) on its gateway; the AWS_* variables that reach it.
+
+    The server listens only on the gateway's address: the containers on this network and this host reach
+    it, nothing else, and only while the test runs. The gateway's address exists while a container is
+    attached to the network, so a container that sleeps holds it while the job's containers come and go.
+    """
+    network = containers.network("bucket")
+    containers.run("holder", project_image, ["sleep", "infinity"], network=network, hostname="holder", aliases=[],
+                   env={}, volumes=[])  # fmt: skip
+    gateway = network_gateway(network)
+    with socket.socket() as sock:
+        sock.bind((gateway, 0))
+        port = sock.getsockname()[1]
+    log = tmp_path / "s3-server.log"
+    command = [sys.executable, "-m", "moto.server", "-H", gateway, "-p", str(port)]
+    server = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        aws = {"AWS_ACCESS_KEY_ID": "trainer", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_ENDPOINT_URL": f"http://{gateway}:{port}"}  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection((gateway, port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
+        s3_client(aws).create_bucket(Bucket=BUCKET)
+        yield network, aws
+    finally:
+        server.kill()
+        server.wait()
+
+
+def s3_client(aws: dict[str, str]):
+    """An S3 client with the endpoint and credentials of the AWS_* variables `aws`."""
+    return boto3.client("s3", endpoint_url=aws["AWS_ENDPOINT_URL"], region_name=aws["AWS_DEFAULT_REGION"],
+                        aws_access_key_id=aws["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=aws["AWS_SECRET_ACCESS_KEY"])  # fmt: skip
+
+
+def test_new_containers_with_no_run_volume_resume_from_the_bucket(project_image, containers, bucket_network, tmp_path,
+                                                                  mnist):  # fmt: skip
+    network, aws = bucket_network
+    out = shared_volume(tmp_path / "out")  # the test's own output (rank reports, the marker), not the run
+    out_at = Path("/test-output")
+    on_disk = Path("/workspace/runs/experiment")  # the image's own place for the run: each container's disk
+    planned = 20
+    command = ["--trainer.default_root_dir", str(on_disk), "--checkpoint_store.url", f"s3://{BUCKET}/job",
+               "--trainer.limit_train_batches", "1.0", "--trainer.max_steps", str(planned),
+               "--trainer.callbacks+=tests.pacing.PaceSteps", "--trainer.callbacks.marker", str(out_at / "step-3"),
+               "--trainer.callbacks.at_step", "3"]  # fmt: skip
+
+    def start(rank: int, name: str) -> str:
+        return start_node(containers, project_image, "SING", rank, network, out, mnist, *command, env=aws,
+                          runs_at=out_at, name=name)  # fmt: skip
+
+    nodes = [start(rank, f"first-{rank}") for rank in (0, 1)]
+    wait_for_file(out / "step-3", lambda: True, lambda: containers.logs(nodes[0]))
+    podman("stop", "--time", "60", *nodes, timeout=120)  # SIGTERM to PID 1, SIGKILL after 60 s
+    codes = [containers.exit_code(node) for node in nodes]
+    first_log = containers.logs(nodes[0])
+    assert codes == [143, 143], first_log[-4000:] + containers.logs(nodes[1])[-4000:]
+    s3 = s3_client(aws)
+    pointer = json.loads(s3.get_object(Bucket=BUCKET, Key="job/latest")["Body"].read())
+    assert pointer["file"] == "preempted.ckpt" and 3 < pointer["step"] < planned, pointer
+    stored = f"job/{pointer['checkpoint']}"
+    assert s3.head_object(Bucket=BUCKET, Key=stored)["ContentLength"] == pointer["bytes"]
+    assert f"stored as s3://{BUCKET}/{stored}" in first_log, first_log[-4000:]
+
+    podman("rm", *nodes)  # the nodes are gone, and their disks with them
+    nodes = [start(rank, f"second-{rank}") for rank in (0, 1)]
+    log = assert_finished(containers, nodes)
+    resumed = f"resuming from s3://{BUCKET}/{stored} (step {pointer['step']}), newer than any checkpoint in {on_disk}"
+    assert resumed in log, log[-4000:]
+    reports = assert_one_process_group(out, NODES * PROCESSES_PER_NODE, PROCESSES_PER_NODE, log)
+    assert reports[0]["global_step"] == planned
+    final = json.loads(s3.get_object(Bucket=BUCKET, Key="job/latest")["Body"].read())
+    assert final["step"] == planned, final
 
 
 def test_a_killed_container_ends_the_job_naming_the_lost_node(project_image, containers, runs, mnist):
