@@ -3,4 +3,4 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
 cd "$ROOT"
-exec "$PYTHON" -m pytest tests "$@"
+exec "$PYTHON" -m pytest tests --durations=25 "$@"
