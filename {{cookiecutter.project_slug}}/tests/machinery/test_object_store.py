@@ -187,6 +187,12 @@ def test_a_preempted_two_node_job_resumes_from_the_bucket_on_a_fresh_disk(s3, ex
     offline_runs = [path.name for path in (disks[0] / "run" / "wandb").glob("offline-run-*")]
     assert offline_runs and all(name.endswith(f"-{run_id}") for name in offline_runs)
 
+    # Nothing secret in what the run wrote: not on its disks, not in the bucket.
+    secret = s3.keys["writer"][1].encode()
+    written = [path for disk in disks for path in disk.rglob("*") if path.is_file()]
+    assert written and not [path for path in written if secret in path.read_bytes()]
+    assert not [name for name in s3.names("job") if secret in s3.read(f"job/{name}")]
+
 
 def test_a_writer_killed_at_any_moment_leaves_a_complete_checkpoint_to_resume_from(s3, experiment, tmp_path):
     # 10 MB checkpoints, one after every step, each uploaded while training goes on; the kills land at
