@@ -6,7 +6,7 @@
 # cores), prints a table and writes build/bench/results.json. VENV=/path/to/venv uses an
 # existing environment instead of creating .venv (see scripts/venv.sh).
 # bash bench/run.sh checkpoint-store [options]: checkpoint save and upload times against preemption
-# grace periods instead (bench/checkpoint_store.py; about 10 minutes, 16 GB of memory at its peak).
+# grace periods instead (bench/checkpoint_store.py; 7-18 minutes, about 12 GB of memory at its peak).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/venv.sh"
 cd "$ROOT"
