@@ -38,6 +38,7 @@ from .drills import (
     wait_for,
     with_periodic,
 )
+from .test_run_lock import held
 
 pytestmark = pytest.mark.slow
 boto3 = pytest.importorskip("boto3")
@@ -305,10 +306,13 @@ def test_a_second_job_on_one_store_location_is_refused_and_a_killed_ones_lock_ta
     def args(run: str, *extra: str) -> list[str]:
         return ["fit", *full_epochs_args(experiment, tmp_path / run), *store_args("locked"), *extra]
 
+    # The first job waits at step 2 until it is killed: on a busy machine the second one's start-up alone
+    # can outlast a whole paced run, which would leave no lock to refuse it.
     marker, log = tmp_path / "step-2", tmp_path / "first.log"
-    first = start(args("first", *paced(marker, at_step=2)), s3.env(), log)
+    first = start(args("first", *held(marker, tmp_path / "never", at_step=2)), s3.env(), log)
     wait_for(marker, first, log)
     second = run_train(*args("second"), env=s3.env())
+    assert first.poll() is None, "the first job must still hold the lock"
     errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
     assert second.returncode == 2 and len(errors) == 1, second.stderr[-3000:]
     assert f"checkpoint store s3://{BUCKET}/locked is in use by another job: host {socket.gethostname()}, process" \
