@@ -24,6 +24,7 @@ from .checkpoint_disk import CheckCheckpointDisk, refuse_unwritable_checkpoint_d
 from .checkpoint_fit import RefuseCheckpointsThatDoNotFit
 from .checkpoint_io import AtomicCheckpointIO, CheckpointNotWritten
 from .checkpoint_path import check_checkpoint_path, find_best_checkpoint
+from .checkpoint_saving import CheckpointSavingSettings
 from .cluster.node_level import NodeLevelEnvironment
 from .cluster.platforms import detect_platform, platform_of
 from .cluster.roll_call import NodesDidNotArrive
@@ -58,6 +59,7 @@ class ProjectCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(ClusterSettings, "cluster")
         parser.add_class_arguments(CheckpointStoreSettings, "checkpoint_store")
+        parser.add_class_arguments(CheckpointSavingSettings, "checkpoint_saving")
         # What the data module knows about its samples is not repeated in the model's config: a model
         # with an argument of the same name gets the data module's value (others are left as they are).
         for shared in ("in_channels", "num_classes"):
@@ -104,8 +106,10 @@ class ProjectCLI(LightningCLI):
         if platform.environment is not None and not chosen:
             plugins.append(platform.environment)
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            saving = config.checkpoint_saving
             keep = config.checkpoint_store.keep
-            plugins.append(AtomicCheckpointIO() if self.store is None else StoredCheckpointIO(self.store, keep))
+            io = AtomicCheckpointIO(saving) if self.store is None else StoredCheckpointIO(self.store, keep, saving)
+            plugins.append(io)
         use_timeout_for_ddp(config.cluster.timeout)
         callbacks = [
             *configured(config.trainer.callbacks),
