@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
+from .checkpoint_saving import CheckpointSavingSettings
 from .errors import ConfigError
 
 
@@ -21,6 +22,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     CheckpointNotWritten, which the command line reports in one line (exit_codes.CANNOT_WRITE).
     Loading uses `weights_only=True` unless asked otherwise: a checkpoint cannot run code.
     """
+
+    def __init__(self, saving: CheckpointSavingSettings | None = None) -> None:
+        self.saving = saving or CheckpointSavingSettings()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)

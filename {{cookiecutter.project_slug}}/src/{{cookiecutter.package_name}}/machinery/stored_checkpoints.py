@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import PositiveFloat, PositiveInt
 
 from .checkpoint_io import AtomicCheckpointIO
+from .checkpoint_saving import CheckpointSavingSettings
 from .object_store import ObjectStore, StoreConflict, StoreError
 
 log = logging.getLogger(__package__)
@@ -69,7 +70,8 @@ class CheckpointNotStored(Exception):
 class StoredCheckpointIO(AtomicCheckpointIO):
     """AtomicCheckpointIO, plus an upload of every checkpoint to an object store (only the first process saves)."""
 
-    def __init__(self, store: ObjectStore, keep: int = 2) -> None:
+    def __init__(self, store: ObjectStore, keep: int = 2, saving: CheckpointSavingSettings | None = None) -> None:
+        super().__init__(saving)
         self.store = store
         self.keep = keep
         self.latest: str | None = None  # the URL of the newest checkpoint stored by this run
