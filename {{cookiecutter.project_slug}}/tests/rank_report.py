@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 
 class ReportRank(Callback):
@@ -16,9 +18,14 @@ class ReportRank(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         digest = hashlib.sha256()
         for name, tensor in sorted(pl_module.state_dict().items()):
+            if isinstance(tensor, DTensor):  # sharded: every process gathers the whole tensor
+                tensor = tensor.full_tensor()
             digest.update(name.encode())
             digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
         report = {
+            # What this process holds of the weights, against their whole size: less when they are sharded.
+            "parameters_held": sum(_held(parameter).numel() for parameter in pl_module.parameters()),
+            "parameters": sum(parameter.numel() for parameter in pl_module.parameters()),
             "global_rank": trainer.global_rank,
             "node_rank": trainer.node_rank,
             "local_rank": trainer.local_rank,
@@ -28,3 +35,7 @@ class ReportRank(Callback):
         }
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+
+def _held(parameter: Tensor) -> Tensor:
+    return parameter.to_local() if isinstance(parameter, DTensor) else parameter

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule, LightningModule
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
@@ -116,3 +117,15 @@ class TinyClassifier(LightningModule):
         optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+
+class TinyShardedClassifier(TinyClassifier):
+    """TinyClassifier as a model author makes it ready for the sharded strategy: each layer sharded on its own."""
+
+    def configure_model(self) -> None:
+        if self.device_mesh is not None and not isinstance(self.net, FSDPModule):
+            mesh = self.device_mesh["data_parallel"]
+            for layer in self.net:
+                if isinstance(layer, nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(self.net, mesh=mesh)

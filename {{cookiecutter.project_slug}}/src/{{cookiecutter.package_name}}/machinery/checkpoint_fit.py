@@ -45,11 +45,14 @@ class RefuseCheckpointsThatDoNotFit(Callback):
 def refuse_if_it_does_not_fit(
     trainer: Trainer, module: nn.Module, state_dict: dict[str, Any], prefix: str, metadata: Any, strict: bool, *_
 ) -> None:
-    problems = mismatches(module.state_dict(), state_dict, strict)
+    refuse_mismatches(trainer.ckpt_path, mismatches(module.state_dict(), state_dict, strict))
+
+
+def refuse_mismatches(ckpt_path: Any, problems: list[str]) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ConfigError(
-            f"checkpoint {trainer.ckpt_path} does not fit the model: {problems[0]}{more}; it was written by a model of"
+            f"checkpoint {ckpt_path} does not fit the model: {problems[0]}{more}; it was written by a model of"
             " another shape: start afresh in a new run directory (--trainer.default_root_dir) or point ckpt_path at"
             " a checkpoint of this model"
         )

@@ -48,6 +48,7 @@ from .run_config import (
 )
 from .run_lock import lock_run_dir
 from .run_record import SaveRunRecord
+from .sharded import ShardedStrategy
 from .speed import use_fast_defaults
 from .stopping import stop_with_this_process
 from .store_lock import lock_store
@@ -111,6 +112,8 @@ class ProjectCLI(LightningCLI):
             io = AtomicCheckpointIO(saving) if self.store is None else StoredCheckpointIO(self.store, keep, saving)
             plugins.append(io)
         use_timeout_for_ddp(config.cluster.timeout)
+        if isinstance(config.trainer.strategy, ShardedStrategy):
+            config.trainer.strategy.use(config.cluster.timeout, config.checkpoint_saving)
         callbacks = [
             *configured(config.trainer.callbacks),
             LogProcessPlacement(platform.name),

@@ -9,6 +9,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from pydantic import PositiveInt
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torchmetrics.classification import MulticlassAccuracy
 
 
@@ -74,7 +75,16 @@ class ImageClassifier(LightningModule):
         self.test_accuracy = MulticlassAccuracy(num_classes, average="micro")
 
     def configure_model(self) -> None:
-        # Compiled in place: the checkpoint's parameter names stay those of the plain network.
+        # Under the sharded strategy (configs/strategy/fsdp.yaml) each process keeps a part of every
+        # weight. Each block is sharded on its own, so a process gathers one block's weights at a time.
+        # Under DDP and on one device there is no mesh and nothing to do; Lightning may call this hook
+        # again in the same process (fit, then test), hence the check that it is not sharded yet.
+        if self.device_mesh is not None and not isinstance(self.net, FSDPModule):
+            mesh = self.device_mesh["data_parallel"]
+            fully_shard(self.net.features, mesh=mesh)
+            fully_shard(self.net.classifier, mesh=mesh)
+            fully_shard(self.net, mesh=mesh)
+        # Compiled in place, after sharding: the checkpoint's parameter names stay those of the plain network.
         if self.hparams.compile:
             self.net.compile()
 
