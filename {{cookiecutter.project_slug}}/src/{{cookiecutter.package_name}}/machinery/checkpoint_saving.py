@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_info
 from pydantic import PositiveFloat
 
@@ -46,8 +47,24 @@ class SaveTimes:
         if write_seconds > self.grace_seconds and not self._warned:
             self._warned = True
             log.warning(
-                f"saving {path} took {write_seconds:.0f} s, longer than the {self.grace_seconds:.0f} s the platform"
+                f"saving {path} took {write_seconds:.1f} s, longer than the {self.grace_seconds:g} s the platform"
                 " gives between SIGTERM and SIGKILL (checkpoint_saving.grace_seconds): a preemption checkpoint"
                 " would be cut short and the job would resume from an older one. Give the job a longer grace"
                 " period (terminationGracePeriodSeconds, Slurm's KillWait) or a faster disk."
             )
+
+
+def wait_for_checkpoints(trainer: Trainer) -> None:
+    """Return once every checkpoint this process saved is written: the checkpoint IO's files, and a sharded strategy's
+    own saves. Raises the first failure (CheckpointNotWritten), after waiting for both."""
+    failure: Exception | None = None
+    for owner in (trainer.strategy.checkpoint_io, trainer.strategy):
+        wait = getattr(owner, "wait_for_checkpoints", None)
+        if wait is None:
+            continue
+        try:
+            wait()  # every process calls it: a sharded strategy's may agree with the others on the commit
+        except Exception as error:
+            failure = failure or error
+    if failure is not None:
+        raise failure

@@ -4,6 +4,7 @@ A restarted job runs the same command again; `ckpt_path: last` in the config the
 the newest of `last.ckpt` and `preempted.ckpt` in the checkpoint directory.
 """
 
+import logging
 from typing import Any
 
 import torch
@@ -19,7 +20,10 @@ from torch import Tensor
 from . import stopping
 from .checkpoint_disk import checkpoint_dirs, newest_checkpoint
 from .checkpoint_io import CheckpointNotWritten
+from .checkpoint_saving import wait_for_checkpoints
 from .stored_checkpoints import CheckpointNotStored, StoredCheckpointIO
+
+log = logging.getLogger(__package__)
 
 PREEMPTED_WAIT_SECONDS = 60  # for the other processes of a node to stop after the checkpoint
 
@@ -105,15 +109,21 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
             self._stop(trainer, status)
 
     def _stop(self, trainer: Trainer, status: int) -> None:
+        _finish_earlier_saves(trainer)  # so that a failure raised below is this checkpoint's own
         try:
             if trainer.fast_dev_run:  # it only tries the code: it never replaces a checkpoint the job resumes from
                 saved = "a fast_dev_run saves nothing"
             else:
-                trainer.save_checkpoint(self.ckpt_path)
+                try:
+                    trainer.save_checkpoint(self.ckpt_path)
+                except CheckpointNotWritten:
+                    # The processes that wrote raised before the barrier after the save (the first process; sharded,
+                    # every one): the others are waiting in it.
+                    trainer.strategy.barrier("Trainer.save_checkpoint")
+                    raise
+                wait_for_checkpoints(trainer)  # saved asynchronously: written before the process ends
                 saved = f"saved {self.ckpt_path} at step {trainer.global_step}"
         except CheckpointNotWritten as error:
-            # Only the first process writes, and raises; the others wait for it here after the save.
-            trainer.strategy.barrier("Trainer.save_checkpoint")
             older = newest_checkpoint(checkpoint_dirs(trainer))
             saved = (
                 f"could not save {self.ckpt_path} at step {trainer.global_step} ({error.reason}); the job will resume"
@@ -153,6 +163,15 @@ def _stored(trainer: Trainer) -> str:
     except CheckpointNotStored as error:
         return f"; could not store it ({error.reason}); a new disk resumes from {io.latest or 'the start'}"
     return f", stored as {io.latest}"
+
+
+def _finish_earlier_saves(trainer: Trainer) -> None:
+    """Wait for the checkpoints still being written in the background; one that failed is only told: the preemption
+    checkpoint saved next makes it needless."""
+    try:
+        wait_for_checkpoints(trainer)
+    except CheckpointNotWritten as error:
+        log.warning(f"{error}")
 
 
 def _validating_while_training(trainer: Trainer) -> bool:

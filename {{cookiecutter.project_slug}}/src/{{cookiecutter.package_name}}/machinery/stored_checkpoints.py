@@ -1,6 +1,7 @@
 """Checkpoints kept in an object store too, so that a job restarted on a new node or container resumes.
 
-The first process writes each checkpoint to the run's checkpoints/ directory as always, then a
+The first process writes each checkpoint to the run's checkpoints/ directory as always (in the
+background too when checkpoint_saving.asynchronous), then, once the file is in place, a
 background thread uploads it as checkpoints/<name>-step=<N>.ckpt under the store's URL. Only once
 every byte is in the store does the `latest` pointer move to it, with a conditional write: a second
 job writing to the same place makes one of them stop instead of both crossing. Then older versions
@@ -77,6 +78,8 @@ class StoredCheckpointIO(AtomicCheckpointIO):
         self.latest: str | None = None  # the URL of the newest checkpoint stored by this run
         self._uploads: queue.Queue[Callable[[], None]] = queue.Queue()
         self._worker: threading.Thread | None = None
+        self._starting = threading.Lock()
+        self._snapshots_cleared = False
         self._failure: StoreError | None = None
         self._failure_told = False
         self._pointer_version: str | None = None
@@ -85,14 +88,16 @@ class StoredCheckpointIO(AtomicCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         self.raise_failure()  # an upload failed since the last save: the job ends now, not hours later
         super().save_checkpoint(checkpoint, path, storage_options)
-        path = Path(path)
-        if self._worker is None:  # the first save of this run: a killed run may have left snapshots behind
+
+    def written(self, path: Path, step: int) -> None:
+        # Only once the file is in place (in the background when saving is asynchronous): upload that version.
+        if not self._snapshots_cleared:  # the first save of this run: a killed run may have left snapshots behind
             for left in path.parent.glob(".*.upload-*"):
                 left.unlink(missing_ok=True)
+            self._snapshots_cleared = True
         # A second name for this version of the file: the upload reads it even if the next save replaces `path`.
         snapshot = path.with_name(f".{path.name}.upload-{uuid.uuid4().hex[:8]}")
         os.link(path, snapshot)
-        step = int(checkpoint.get("global_step", 0))
         self._submit(lambda: self._store(snapshot, path.name, step))
 
     def remove_checkpoint(self, path: str | Path) -> None:
@@ -100,7 +105,9 @@ class StoredCheckpointIO(AtomicCheckpointIO):
         self._submit(lambda: self._forget(Path(path).name))
 
     def wait(self) -> None:
-        """Return once every checkpoint saved so far is in the store; raise CheckpointNotStored if one is not."""
+        """Return once every checkpoint saved so far is written and in the store; raise CheckpointNotWritten or
+        CheckpointNotStored if one is not."""
+        self.wait_for_checkpoints()
         self._uploads.join()
         self.raise_failure()
 
@@ -110,7 +117,10 @@ class StoredCheckpointIO(AtomicCheckpointIO):
             raise CheckpointNotStored(str(self._failure), self.latest)
 
     def teardown(self) -> None:
-        self._uploads.join()
+        try:
+            super().teardown()  # the last write, whose upload follows
+        finally:
+            self._uploads.join()
         if self._failure is None or self._failure_told:
             return
         if sys.exc_info()[0] is None:
@@ -119,9 +129,10 @@ class StoredCheckpointIO(AtomicCheckpointIO):
         log.error(f"error: {CheckpointNotStored(str(self._failure), self.latest)}")
 
     def _submit(self, task: Callable[[], None]) -> None:
-        if self._worker is None:
-            self._worker = threading.Thread(target=self._work, name="checkpoint-upload", daemon=True)
-            self._worker.start()
+        with self._starting:  # the writing thread and the training thread both submit
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="checkpoint-upload", daemon=True)
+                self._worker.start()
         self._uploads.put(task)
 
     def _work(self) -> None:
