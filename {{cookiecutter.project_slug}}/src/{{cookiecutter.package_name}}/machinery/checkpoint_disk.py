@@ -16,6 +16,7 @@ from jsonargparse import Namespace
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint
 
+from .checkpoint_format import checkpoint_size
 from .checkpoint_io import CheckpointNotWritten
 from .errors import ConfigError
 from .run_config import class_of, configured
@@ -85,10 +86,11 @@ def newest_checkpoint(directories: Iterable[Path]) -> Path | None:
 
 
 def checkpoint_bytes(directories: Iterable[Path], model: LightningModule) -> int:
-    """About how large a checkpoint of this run is: the newest one so far, or else from the model's size."""
+    """About how large a checkpoint of this run is: the newest one so far (all of a sharded one's files, which
+    every process writes to the same directory), or else from the model's size."""
     newest = newest_checkpoint(directories)
     if newest is not None:
-        return newest.stat().st_size
+        return checkpoint_size(newest)
     tensors = [*model.parameters(), *model.buffers()]
     model_bytes = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
     return CHECKPOINT_PER_MODEL_BYTES * model_bytes + CHECKPOINT_OTHER_BYTES

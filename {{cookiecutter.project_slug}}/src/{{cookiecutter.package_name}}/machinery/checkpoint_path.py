@@ -1,16 +1,17 @@
 """`ckpt_path` checked before LightningCLI loads it: missing files and files that are not checkpoints refused.
 
 `ckpt_path: best` is found in the checkpoint directory, so that `test`, `validate` and `predict` in
-a new process use the best checkpoint of an earlier `fit`.
+a new process use the best checkpoint of an earlier `fit`. A checkpoint is a file, or a directory
+saved by the sharded strategy (checkpoint_format.py), which only that strategy loads.
 """
 
 import pickle
 import zipfile
 from pathlib import Path
 
-import torch
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
+from .checkpoint_format import DCP_METADATA, checkpoint_meta, is_sharded
 from .checkpoint_io import refusal_reason
 from .errors import ConfigError
 from .object_store import ObjectStore
@@ -32,9 +33,11 @@ def check_checkpoint_path(ckpt_path: str | None, weights_only: bool | None) -> N
         )
     if ckpt_path is None or ckpt_path in CHECKPOINT_ALIASES or "://" in ckpt_path:
         return
-    if not Path(ckpt_path).is_file():
+    if not Path(ckpt_path).exists():
         raise ConfigError(f"ckpt_path {ckpt_path} does not exist")
-    if not zipfile.is_zipfile(ckpt_path):
+    if is_sharded(ckpt_path) and not Path(ckpt_path, DCP_METADATA).exists():
+        raise ConfigError(f"ckpt_path {ckpt_path} is a directory, not a checkpoint")
+    if not is_sharded(ckpt_path) and not zipfile.is_zipfile(ckpt_path):
         raise ConfigError(f"ckpt_path {ckpt_path} is not a checkpoint (torch.save writes zip archives)")
     try:
         problem = damage(Path(ckpt_path))
@@ -64,16 +67,27 @@ def find_best_checkpoint(callback: Checkpoint | None, store: ObjectStore | None 
         newest = newer_from_store(store, directory, local_step=-1)
     if newest is None:
         raise ConfigError(f"ckpt_path best: no checkpoints in {directory}; run fit first or pass a checkpoint file")
-    states = torch.load(newest, weights_only=True, mmap=True, map_location="cpu").get("callbacks", {})
+    states = checkpoint_meta(newest).get("callbacks", {})
     best = states.get(callback.state_key, {}).get("best_model_path")
     if not best:
         raise ConfigError(
             f"ckpt_path best: {newest} records no best checkpoint of {callback.state_key}; pass a checkpoint file"
         )
     # A run directory copied or moved since keeps the file names: look for the same name here.
-    best = Path(best) if Path(best).is_file() else directory / Path(best).name
-    if not best.is_file() and store is not None:
+    best = Path(best) if Path(best).exists() else directory / Path(best).name
+    if not best.exists() and store is not None:
         download_checkpoint(store, f"{FOLDER}/{best.name}", best)
-    if not best.is_file():
+    if not best.exists():
         raise ConfigError(f"ckpt_path best: {newest} names {best.name} as the best checkpoint, not in {directory}")
     callback.best_model_path = str(best)
+
+
+def refuse_sharded_without_strategy(path: Path | None, sharded_strategy: bool) -> None:
+    """Only the sharded strategy loads a sharded checkpoint: other runs would fail in torch.load with a traceback."""
+    if path is None or sharded_strategy or not is_sharded(path):
+        return
+    raise ConfigError(
+        f"ckpt_path {path} is a sharded checkpoint (a directory written by the sharded strategy): add --config"
+        f" configs/strategy/fsdp.yaml, or convert it to one file with python -m {__package__}.checkpoint_format"
+        f" {path} OUT.ckpt"
+    )

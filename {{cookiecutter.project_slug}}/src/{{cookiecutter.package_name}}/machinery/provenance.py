@@ -1,7 +1,8 @@
 """Where a checkpoint came from: the code, the image, the versions, the resolved config and the cluster setup.
 
-Every checkpoint a run saves carries it as `checkpoint["provenance"]` (run_record.py adds it).
-Show it: `python -m {{ cookiecutter.package_name }}.machinery.provenance runs/experiment/checkpoints/last.ckpt`,
+Every checkpoint a run saves carries it as `checkpoint["provenance"]` (run_record.py adds it; a
+sharded checkpoint, a directory, in its meta.pt). Show it:
+`python -m {{ cookiecutter.package_name }}.machinery.provenance runs/experiment/checkpoints/last.ckpt`,
 with `--config` for the resolved config that trained it.
 
 The code is the git commit of the package's source, and whether the tree had uncommitted changes
@@ -27,6 +28,7 @@ from typing import Any, NoReturn
 import torch
 from lightning.pytorch import Trainer
 
+from .checkpoint_format import checkpoint_meta
 from .checkpoint_io import refusal_reason
 from .cluster.platforms import platform_of
 from .exit_codes import CONFIG_ERROR
@@ -98,9 +100,10 @@ def _git(directory: Path, *args: str) -> bytes:
 
 
 def read_checkpoint(path: str) -> dict[str, Any]:
-    """The checkpoint at `path` (a file, or an object store URL) as data only: no code in it can run."""
+    """The checkpoint at `path` (a file, a sharded checkpoint's directory, or an object store URL) as data only:
+    no code in it can run. Tensors are mapped, not read."""
     if "://" not in path:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors mapped, not read
+        return checkpoint_meta(path)
     folder, _, name = path.rpartition("/")
     with tempfile.TemporaryDirectory() as scratch:
         local = Path(scratch, name)
@@ -134,7 +137,7 @@ def summary(checkpoint: dict[str, Any]) -> str:
 
 def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Show where a checkpoint came from.")
-    parser.add_argument("checkpoint", help="a checkpoint file, or its URL in a checkpoint store (s3://...)")
+    parser.add_argument("checkpoint", help="a checkpoint (file or directory), or its URL in a store (s3://...)")
     parser.add_argument("--config", action="store_true", help="print the resolved config that trained it")
     options = parser.parse_args(args)
     try:

@@ -3,8 +3,13 @@
 Lightning's own `last` takes the newer of last.ckpt and the preemption checkpoint, and when that
 file is damaged (a node that died mid-write on a file system without atomic renames, a disk that
 filled up) every restart ends in a torch traceback, although an older good checkpoint lies beside
-it. Here every checkpoint in those directories is a candidate, newest first. A damaged one is set
+it. Here every checkpoint in those directories is a candidate, newest first: a file, or a directory
+that the sharded strategy saved and marked complete (checkpoint_format.py). A damaged one is set
 aside under another name, with one line that says why, and the next one is tried.
+
+The sharded strategy puts a new checkpoint in place of the old one with two renames (sharded.py); a
+job killed between them leaves its newest checkpoint only under a hidden name. The renames are
+finished first, so that it is a candidate under its own name.
 
 With a checkpoint store (stored_checkpoints.py), a checkpoint there that is newer than any on this
 disk (a new node or container, a fresh disk) is downloaded into the checkpoint directory first:
@@ -15,6 +20,7 @@ whole one.
 import logging
 import os
 import pickle
+import re
 import time
 import warnings
 import zipfile
@@ -26,6 +32,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from .checkpoint_disk import checkpoint_dirs
+from .checkpoint_format import COMMIT_MARKER, checkpoint_meta, is_sharded, sharded_damage
 from .checkpoint_io import refusal_reason
 from .errors import ConfigError
 from .object_store import ObjectStore
@@ -33,10 +40,15 @@ from .stored_checkpoints import FOLDER, POINTER, StoredCheckpointIO, sha256_of, 
 
 log = logging.getLogger(__package__)
 
+# Where the sharded strategy saves `NAME.ckpt` before it renames it into place, and keeps the older one meanwhile.
+SWAPPED = re.compile(r"\.(?P<name>.+\.ckpt)\.(?:partial|old)-\w+")
+
 
 def resume_checkpoint(trainer: Trainer) -> Path | None:
     """The checkpoint a restarted job resumes from, or None on the job's first run."""
     directories = checkpoint_dirs(trainer)
+    for directory in directories:
+        finish_interrupted_swaps(directory)
     checkpoint = newest_whole_checkpoint(directories)
     io = trainer.strategy.checkpoint_io
     if isinstance(io, StoredCheckpointIO) and directories:
@@ -68,6 +80,36 @@ def newest_whole_checkpoint(directories: Iterable[Path]) -> Path | None:
     return None
 
 
+def finish_interrupted_swaps(directory: Path) -> None:
+    """Rename a sharded checkpoint left under a hidden name into place, where its own name is missing.
+
+    Only complete ones (with the commit marker): an unfinished save is not a checkpoint, and the
+    strategy removes it at its next save. Each process of the job may try; one of them renames it.
+    """
+    hidden = [path for path in directory.glob(".*.ckpt.*-*") if SWAPPED.fullmatch(path.name)]
+    committed = [path for path in hidden if (path / COMMIT_MARKER).is_file()]
+    for path in sorted(committed, key=_modified, reverse=True):  # the newest save first
+        target = path.with_name(SWAPPED.fullmatch(path.name)["name"])
+        if target.exists():
+            continue  # in place already, maybe by another process of the job
+        try:
+            problem = damage(path)
+        except FileNotFoundError:
+            continue  # renamed meanwhile by another process of the job
+        except pickle.UnpicklingError:
+            problem = None  # it holds code: refused below, under its own name, as any checkpoint is
+        if problem is not None:
+            set_aside(path, problem)
+            continue
+        try:
+            path.rename(target)
+        except OSError:
+            if target.exists():
+                continue  # another process renamed it (or an older one) first
+            raise
+        log.info(f"finished a save that was interrupted between its two renames: {path.name} is now {target}")
+
+
 def newer_from_store(store: ObjectStore, directory: Path, local_step: int) -> Path | None:
     """Download the store's newest whole checkpoint into `directory` if it is newer than `local_step`."""
     found = store.read_json(POINTER)
@@ -81,6 +123,8 @@ def newer_from_store(store: ObjectStore, directory: Path, local_step: int) -> Pa
             return None
         pointed = name == pointer.get("checkpoint")
         file = pointer["file"] if pointed else Path(name).name
+        if (directory / file).is_dir():  # a sharded checkpoint of that name: the stored file goes beside it
+            file = Path(name).name
         downloaded = download_checkpoint(store, name, directory / file, pointer.get("sha256") if pointed else None)
         if downloaded is not None:
             rank_zero_info(f"resuming from {store.where(name)} (step {step}), newer than any checkpoint in {directory}")
@@ -113,16 +157,19 @@ def download_checkpoint(store: ObjectStore, name: str, target: Path, sha256: str
 
 
 def _global_step(path: Path) -> int:
-    return int(torch.load(path, weights_only=True, mmap=True, map_location="cpu").get("global_step", 0))
+    return int(checkpoint_meta(path).get("global_step", 0))
 
 
 def damage(path: Path) -> str | None:
-    """What is wrong with the checkpoint file at `path`, or None when it is whole.
+    """What is wrong with the checkpoint at `path`, or None when it is whole.
 
-    Every byte is checked against the checksums the zip archive keeps (torch.load itself would
-    load zeroed weights without a word), then the pickled structure is read without the tensors.
+    Every byte of a file is checked against the checksums the zip archive keeps (torch.load itself
+    would load zeroed weights without a word), then the pickled structure is read without the tensors.
+    A sharded checkpoint's files must be those its commit marker lists, and its meta.pt must load.
     A file that holds objects other than tensors and plain data is not damaged: torch's refusal is raised.
     """
+    if is_sharded(path):
+        return _sharded_damage(path)
     try:
         with zipfile.ZipFile(path) as archive:
             broken = archive.testzip()
@@ -135,6 +182,19 @@ def damage(path: Path) -> str | None:
         return str(error).splitlines()[0] if str(error) else type(error).__name__
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         return "it holds no model weights (state_dict)"
+    return None
+
+
+def _sharded_damage(directory: Path) -> str | None:
+    problem = sharded_damage(directory)
+    if problem is not None:
+        return problem
+    try:
+        checkpoint_meta(directory)
+    except pickle.UnpicklingError:
+        raise  # it holds code
+    except (RuntimeError, OSError, EOFError, ValueError) as error:
+        return f"its meta.pt is damaged ({str(error).splitlines()[0] if str(error) else type(error).__name__})"
     return None
 
 
