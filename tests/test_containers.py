@@ -7,6 +7,7 @@ platform's variables and the image's own command (plus the overrides a CPU needs
 a shared volume. Preemption is `podman stop` (SIGTERM to PID 1, then SIGKILL), a lost node is
 `podman kill`. Docker Swarm is a real dockerd and `docker stack deploy` of the generated
 compose file. A run passes only if all 4 processes formed one job and ended with the same weights.
+The sharded strategy writes one checkpoint directory on the shared volume, and refuses nodes that do not share one.
 """
 
 import itertools
@@ -288,6 +289,46 @@ def test_a_killed_container_ends_the_job_naming_the_lost_node(project_image, con
     # Node 1 named with both its processes (the second may answer before the kill reaches it).
     assert "probably died or was stopped" in log and "node 1 (host test-1, global ranks 2, 3" in log, log[-4000:]
     assert "node 0" not in log.rpartition("lost contact")[2], log[-4000:]
+
+
+# The sharded strategy (FSDP2) with the tests' tiny model as its author makes it ready for sharding.
+SHARDED = ["--config", "configs/strategy/fsdp.yaml", "--model.class_path", "tests.machinery.tiny.TinyShardedClassifier"]
+
+
+def test_two_containers_train_one_sharded_job_into_the_shared_volume(project_image, containers, runs, mnist):
+    """Each of the 4 processes holds a part of the weights; each writes its shard of one checkpoint directory."""
+    network = containers.network("sharded")
+    nodes = [start_node(containers, project_image, "SING", rank, network, runs, mnist, *SHARDED) for rank in (0, 1)]
+    log = assert_finished(containers, nodes)
+    world = NODES * PROCESSES_PER_NODE
+    reports = assert_one_process_group(runs, world, PROCESSES_PER_NODE, log)  # incl. the same gathered weights
+    assert reports[0]["global_step"] == TRAIN_STEPS
+    whole = reports[0]["parameters"]
+    assert all(report["parameters_held"] < whole for report in reports), reports
+    assert sum(report["parameters_held"] for report in reports) == whole, reports
+    checkpoints = runs / "run" / "checkpoints"
+    last = checkpoints / "last.ckpt"
+    assert last.is_dir(), log[-4000:]
+    assert not list(checkpoints.glob(".*")), "a save or the shared-directory probe left a hidden file behind"
+    assert sorted(path.name for path in last.glob("*.distcp")) == [f"__{rank}_0.distcp" for rank in range(world)]
+    committed = json.loads((last / "COMMITTED").read_text())
+    assert (committed["step"], committed["world_size"]) == (TRAIN_STEPS, world), committed
+
+
+def test_sharded_containers_with_run_directories_of_their_own_are_refused(project_image, containers, tmp_path, mnist):
+    """Each container's runs on a volume of its own: no node could resume from the others' shards.
+
+    One process per container is enough to show it, and spares each container a second start of Python.
+    """
+    network = containers.network("unshared")
+    nodes = [start_node(containers, project_image, "SING", rank, network, shared_volume(tmp_path / f"runs-{rank}"),
+                        mnist, *SHARDED, "--trainer.devices", "1") for rank in (0, 1)]  # fmt: skip
+    codes = [containers.wait(node, 300) for node in nodes]
+    logs = [containers.logs(node) for node in nodes]
+    assert codes == [2, 2], logs[0][-4000:] + logs[1][-4000:]
+    for log in logs:
+        assert "error: sharded checkpoints need a directory every node sees" in log, log[-4000:]
+        assert "Traceback" not in log, log[-4000:]
 
 
 # ---- Docker Swarm ------------------------------------------------------------------------------
