@@ -11,6 +11,7 @@ import sys
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 
 from jsonargparse import ArgumentError
 from lightning.fabric.plugins import CheckpointIO
@@ -23,7 +24,12 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from .checkpoint_disk import CheckCheckpointDisk, refuse_unwritable_checkpoint_dirs
 from .checkpoint_fit import RefuseCheckpointsThatDoNotFit
 from .checkpoint_io import AtomicCheckpointIO, CheckpointNotWritten
-from .checkpoint_path import check_checkpoint_path, find_best_checkpoint
+from .checkpoint_path import (
+    CHECKPOINT_ALIASES,
+    check_checkpoint_path,
+    find_best_checkpoint,
+    refuse_sharded_without_strategy,
+)
 from .checkpoint_saving import CheckpointSavingSettings
 from .cluster.node_level import NodeLevelEnvironment
 from .cluster.platforms import detect_platform, platform_of
@@ -141,9 +147,16 @@ class ProjectCLI(LightningCLI):
         if config.get("ckpt_path") == "best":
             # Lightning finds it only after a fit in this process; with a store, on a fresh disk too.
             find_best_checkpoint(trainer.checkpoint_callback, self.store)
+        refuse_sharded_without_strategy(self._chosen_checkpoint(trainer), isinstance(trainer.strategy, ShardedStrategy))
         # The processes Lightning starts on this node stop with this one, whatever it is doing (stopping.py).
         stop_with_this_process(lambda: getattr(trainer.strategy.launcher, "procs", []))
         return trainer
+
+    def _chosen_checkpoint(self, trainer: Trainer) -> Path | None:
+        chosen = self.config_init[self.subcommand].get("ckpt_path")
+        if chosen == "best":
+            chosen = trainer.checkpoint_callback.best_model_path
+        return None if chosen in (None, *CHECKPOINT_ALIASES) or "://" in chosen else Path(chosen)
 
 
 def checked_store(settings: CheckpointStoreSettings, writable: bool) -> ObjectStore | None:

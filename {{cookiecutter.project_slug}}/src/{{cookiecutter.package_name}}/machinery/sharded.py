@@ -210,8 +210,8 @@ class ShardedStrategy(ModelParallelStrategy):
         dist.all_reduce(failed, op=dist.ReduceOp.MAX)
         if failed.item():
             raise ConfigError(
-                f"sharded checkpoints need a directory every node sees, and {unseen[0] if unseen else 'the checkpoint'}"
-                " directory is not shared with node 0: put trainer.default_root_dir on a file system all nodes mount"
+                f"sharded checkpoints need a directory every node sees, and {directories[0]} is not the same directory"
+                " on every node: put trainer.default_root_dir on a file system all nodes mount"
             )
 
 
