@@ -55,7 +55,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # Training changes the weights in place as soon as this returns: the copy is what gets written.
         copied = copy_to_cpu(checkpoint)
         waited = time.monotonic() - started
-        if self._writer is None:
+        if self._writer is None:  # its thread is waited for at exit too: a process ending early still writes
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-write")
         self._writing = self._writer.submit(self._write_in_background, copied, path, waited)
 
@@ -66,7 +66,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             writing.result()  # raises the write's error here, once
 
     def teardown(self) -> None:
-        ending_with_an_error = sys.exc_info()[0] is not None  # Lightning tears down while handling an error too
+        ending_with_an_error = sys.exc_info()[0] is not None
         try:
             self.wait_for_checkpoints()
         except CheckpointNotWritten as error:
