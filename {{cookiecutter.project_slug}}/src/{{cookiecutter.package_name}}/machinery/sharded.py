@@ -121,6 +121,7 @@ class ShardedStrategy(ModelParallelStrategy):
                 if failure is None:
                     seconds = time.monotonic() - started
                     self._times.report(path, seconds, seconds)
+                    self.checkpoint_io.written(path, step)  # a checkpoint store uploads it (stored_checkpoints.py)
             self._raise_if_any(path, failure)
             return
         future = dcp.async_save(shards, checkpoint_id=partial, process_group=self._checkpoint_group)
@@ -183,6 +184,7 @@ class ShardedStrategy(ModelParallelStrategy):
             self._failure = f"{type(error).__name__}: {error}"
         if self._failure is None:
             self._times.report(path, blocked, time.monotonic() - started)
+            self.checkpoint_io.written(path, step)
 
     def _raise_if_any(self, path: Path, reason: str | None) -> None:
         """Raise CheckpointNotWritten on every process if any process failed (`reason` is its own failure)."""
@@ -226,7 +228,12 @@ def _commit_and_swap(partial: Path, path: Path, step: int, world_size: int) -> N
     older = path.with_name(partial.name.replace(".partial-", ".old-"))
     if path.exists():
         path.rename(older)
-    partial.rename(path)  # between the two renames, resume.py finds the committed hidden directory
+    try:
+        partial.rename(path)
+    except FileNotFoundError:
+        # Between the two renames, a process looking for a checkpoint (resume.py) finishes the swap itself.
+        if not path.exists():
+            raise
     if older.is_dir():
         shutil.rmtree(older)
     else:
