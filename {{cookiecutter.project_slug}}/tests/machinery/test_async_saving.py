@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.distributed.tensor import DTensor
 
 from {{ cookiecutter.package_name }}.machinery.checkpoint_io import AtomicCheckpointIO, CheckpointNotWritten
 from {{ cookiecutter.package_name }}.machinery.checkpoint_saving import CheckpointSavingSettings, wait_for_checkpoints
@@ -67,7 +68,9 @@ class SaveAndChangeWeights(Callback):
 
 
 def digests(weights: dict[str, torch.Tensor]) -> dict[str, str]:
-    return {name: hashlib.sha256(tensor.cpu().numpy().tobytes()).hexdigest() for name, tensor in weights.items()}
+    """Each tensor's digest; a sharded one's (a DTensor) of the whole tensor, gathered from every process."""
+    wholes = {name: tensor.full_tensor() if isinstance(tensor, DTensor) else tensor for name, tensor in weights.items()}
+    return {name: hashlib.sha256(tensor.cpu().numpy().tobytes()).hexdigest() for name, tensor in wholes.items()}
 
 
 def save_and_change(out_dir: Path, at_step: int = 3) -> list[str]:

@@ -6,6 +6,7 @@ can match: each process draws its own dropout masks.
 """
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from ..conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, run_train
 from .drills import exit_code, full_epochs_args, node_envs, paced, start_nodes, wait_for, with_periodic
+from .test_async_saving import digests, save_and_change
 
 pytestmark = pytest.mark.slow
 
@@ -155,6 +157,20 @@ def test_a_sharded_checkpoint_that_does_not_fit_is_refused_in_one_line(one_proce
     not_sharded = run_train("fit", *full_epochs_args(experiment, run), env=clean_env())
     assert not_sharded.returncode == 2, not_sharded.stderr[-3000:]
     assert "is a sharded checkpoint" in last_words_of(not_sharded)
+
+
+def test_an_async_sharded_checkpoint_holds_the_weights_of_its_step_though_training_changed_them(experiment, tmp_path):
+    out = tmp_path / "saves"
+    out.mkdir()
+    args = [*sharded_args(experiment, tmp_path / "run", 32, 2), "--trainer.max_epochs", "1",
+            "--checkpoint_saving.asynchronous", "true", *save_and_change(out, at_step=3)]  # fmt: skip
+    result = run_train(*args, env=clean_env())
+    assert result.returncode == 0, result.stderr[-4000:]
+    record = json.loads((out / "at-step-3.json").read_text())
+    assert set(record["saved"].values()).isdisjoint(record["changed"].values()), "the weights did not change"
+    assert digests(weights(out / "at-step-3.ckpt", tmp_path)) == record["saved"]  # not the changed ones, nor a mix
+    assert re.search(r"checkpoint at-step-3\.ckpt: training waited [\d.]+ s, written in [\d.]+ s", result.stderr)
+    assert json.loads((tmp_path / "run" / "checkpoints" / "last.ckpt" / "COMMITTED").read_text())["step"] == 9
 
 
 def last_words_of(result: subprocess.CompletedProcess) -> str:
