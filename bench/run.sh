@@ -7,11 +7,17 @@
 # existing environment instead of creating .venv (see scripts/venv.sh).
 # bash bench/run.sh checkpoint-store [options]: checkpoint save and upload times against preemption
 # grace periods instead (bench/checkpoint_store.py; 7-18 minutes, about 12 GB of memory at its peak).
+# bash bench/run.sh sharded [options]: the sharded strategy against DDP, steps/s and checkpoint saves in the
+# background against saves that hold training up (bench/sharded.py; writes build/bench/sharded.json).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/venv.sh"
 cd "$ROOT"
 if [ "${1:-}" = checkpoint-store ]; then
     shift
     exec "$PYTHON" bench/checkpoint_store.py "$@"
+fi
+if [ "${1:-}" = sharded ]; then
+    shift
+    exec "$PYTHON" bench/sharded.py "$@"
 fi
 exec "$PYTHON" bench/benchmark.py "$@"
