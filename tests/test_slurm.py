@@ -5,9 +5,12 @@ A two-node cluster runs on this machine (see slurm_cluster.py); the generated
 for CPUs and gloo on the command line, as a user overrides them. A job passes only if every
 task joined one process group (world size = nodes x tasks, node rank from Slurm) and all ended
 with the same weights. A third job is preempted mid-training the way the time limit does it and
-must come back by itself and resume from the checkpoint it saved.
+must come back by itself and resume from the checkpoint it saved. The sharded strategy runs
+through the same script: one job whose processes each hold a part of the weights and write their
+shard of one checkpoint directory in the shared run directory.
 """
 
+import json
 import re
 import shutil
 import time
@@ -78,6 +81,36 @@ def test_generated_sbatch_script_trains_as_one_job(slurm, project, fake_mnist, t
     assert reports[0]["global_step"] == TRAIN_STEPS
     # The project itself saw Slurm and left the processes to srun.
     assert f"[Slurm] node_rank={nodes - 1} local_rank=1 global_rank={world - 1} world_size={world}" in log
+
+
+# The sharded strategy (FSDP2) with the tests' tiny model as its author makes it ready for sharding.
+SHARDED = ["--config", "configs/strategy/fsdp.yaml", "--model.class_path", "tests.machinery.tiny.TinyShardedClassifier"]
+
+
+def test_generated_sbatch_script_trains_one_sharded_job(slurm, project, fake_mnist, tmp_path):
+    """2 nodes x 2 tasks, sharded: each task holds a part of the weights and writes its shard of last.ckpt.
+
+    Both slurmd run on this host, so the run directory is shared as a cluster file system would be.
+    """
+    nodes = 2
+    job_id = submit(slurm, project, fake_mnist, tmp_path, nodes, *SHARDED)
+    job = slurm.wait(job_id)
+    log = job_log(slurm, project, job, job_id)
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), log[-6000:]
+
+    world = nodes * TASKS_PER_NODE
+    reports = assert_one_process_group(tmp_path, world, TASKS_PER_NODE, log)  # incl. the same gathered weights
+    assert reports[0]["global_step"] == TRAIN_STEPS
+    whole = reports[0]["parameters"]
+    assert all(report["parameters_held"] < whole for report in reports), reports
+    assert sum(report["parameters_held"] for report in reports) == whole, reports
+    checkpoints = tmp_path / "run" / "checkpoints"
+    last = checkpoints / "last.ckpt"
+    assert last.is_dir(), log[-6000:]
+    assert not list(checkpoints.glob(".*")), "a save left a hidden directory behind"
+    assert sorted(path.name for path in last.glob("*.distcp")) == [f"__{rank}_0.distcp" for rank in range(world)]
+    committed = json.loads((last / "COMMITTED").read_text())
+    assert (committed["step"], committed["world_size"]) == (TRAIN_STEPS, world), committed
 
 
 def wait_for(condition, what: str, details, timeout: float = 120) -> None:
