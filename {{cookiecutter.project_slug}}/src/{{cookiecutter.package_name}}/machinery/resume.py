@@ -14,14 +14,19 @@ finished first, so that it is a candidate under its own name.
 With a checkpoint store (stored_checkpoints.py), a checkpoint there that is newer than any on this
 disk (a new node or container, a fresh disk) is downloaded into the checkpoint directory first:
 the one the store's `latest` pointer names, checked against the pointer's hash, else the newest
-whole one.
+whole one. A sharded one is downloaded by every process into a hidden directory of its own and
+renamed into place: the first rename wins, and processes sharing the directory use that one.
 """
 
+import hashlib
+import json
 import logging
 import os
 import pickle
 import re
+import shutil
 import time
+import uuid
 import warnings
 import zipfile
 from collections.abc import Iterable
@@ -36,7 +41,7 @@ from .checkpoint_format import COMMIT_MARKER, checkpoint_meta, is_sharded, shard
 from .checkpoint_io import refusal_reason
 from .errors import ConfigError
 from .object_store import ObjectStore
-from .stored_checkpoints import FOLDER, POINTER, StoredCheckpointIO, sha256_of, step_of
+from .stored_checkpoints import POINTER, StoredCheckpointIO, sha256_of, step_of, stored_versions
 
 log = logging.getLogger(__package__)
 
@@ -114,7 +119,7 @@ def newer_from_store(store: ObjectStore, directory: Path, local_step: int) -> Pa
     """Download the store's newest whole checkpoint into `directory` if it is newer than `local_step`."""
     found = store.read_json(POINTER)
     pointer = found[0] if found else {}
-    names = sorted((name for name in store.names(FOLDER) if name.endswith(".ckpt")), key=step_of, reverse=True)
+    names = sorted(stored_versions(store), key=step_of, reverse=True)
     if "checkpoint" in pointer:  # the newest whole one, unless something happened to it since
         names = [pointer["checkpoint"], *(name for name in names if name != pointer["checkpoint"])]
     for name in names:
@@ -123,8 +128,6 @@ def newer_from_store(store: ObjectStore, directory: Path, local_step: int) -> Pa
             return None
         pointed = name == pointer.get("checkpoint")
         file = pointer["file"] if pointed else Path(name).name
-        if (directory / file).is_dir():  # a sharded checkpoint of that name: the stored file goes beside it
-            file = Path(name).name
         downloaded = download_checkpoint(store, name, directory / file, pointer.get("sha256") if pointed else None)
         if downloaded is not None:
             rank_zero_info(f"resuming from {store.where(name)} (step {step}), newer than any checkpoint in {directory}")
@@ -132,28 +135,105 @@ def newer_from_store(store: ObjectStore, directory: Path, local_step: int) -> Pa
     return None
 
 
+class _Damaged(Exception):
+    """What is wrong with a checkpoint in the store, which is skipped."""
+
+
 def download_checkpoint(store: ObjectStore, name: str, target: Path, sha256: str | None = None) -> Path | None:
-    """The store's checkpoint `name` as the file `target`, or None (with one line) when it is damaged or gone."""
+    """The store's checkpoint `name` on this disk, or None (with one line) when it is damaged or gone.
+
+    It becomes `target`, unless `target` is another checkpoint that one rename cannot replace (a
+    directory; for a sharded checkpoint, a file too): then it goes beside it, under its stored name.
+    `sha256` is the pointer's: of the file, or of a sharded checkpoint's commit marker.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Each process downloads its own copy and renames it into place: processes sharing the directory agree.
-    partial = target.with_name(f".{target.name}.download-{os.getpid()}")
     try:
-        store.download(name, partial)
-        damaged = "its hash differs from the one the pointer names" if sha256 and sha256_of(partial) != sha256 else None
-        try:
-            damaged = damaged or damage(partial)
-        except pickle.UnpicklingError as error:
-            raise ConfigError(f"refused to resume from {store.where(name)}: {refusal_reason(error)}") from None
-        if damaged is None:
-            os.replace(partial, target)
-            return target
-        problem = f"it is damaged ({damaged})"
+        if any(found.startswith(f"{name}/") for found in store.names(name)):
+            return _download_sharded(store, name, target, sha256)
+        if target.is_dir():  # a sharded checkpoint of that name: the stored file goes beside it
+            target = target.with_name(Path(name).name)
+        return _download_file(store, name, target, sha256)
     except FileNotFoundError:
         problem = "it is gone from the store"
-    finally:
-        partial.unlink(missing_ok=True)
+    except _Damaged as error:
+        problem = f"it is damaged ({error})"
     log.warning(f"skipped {store.where(name)}: {problem}")
     return None
+
+
+def _download_file(store: ObjectStore, name: str, target: Path, sha256: str | None) -> Path:
+    # Each process downloads its own copy and renames it into place: processes sharing the directory agree.
+    partial = _hidden_copy(target)
+    try:
+        store.download(name, partial)
+        if sha256 and sha256_of(partial) != sha256:
+            raise _Damaged("its hash differs from the one the pointer names")
+        _check(store, name, partial)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def _download_sharded(store: ObjectStore, name: str, target: Path, sha256: str | None) -> Path:
+    """The sharded checkpoint stored as objects `name/<file>` as a directory: the files its commit marker lists."""
+    found = store.read(f"{name}/{COMMIT_MARKER}")
+    if found is None:
+        raise _Damaged(f"it has no {COMMIT_MARKER} marker: its upload, or its deletion, was cut short")
+    marker = found[0]
+    if sha256 and hashlib.sha256(marker).hexdigest() != sha256:
+        raise _Damaged(f"its {COMMIT_MARKER} marker's hash differs from the one the pointer names")
+    if target.exists() and not _holds(target, marker):
+        target = target.with_name(Path(name).name)  # another checkpoint of that name: this one goes beside it
+    if _holds(target, marker):
+        return target  # downloaded already by another process of the job, which checked it
+    try:
+        files = list(json.loads(marker)["files"])
+    except (ValueError, KeyError, TypeError):
+        files = []  # the check below says what is wrong with the marker
+    partial = _hidden_copy(target)
+    try:
+        partial.mkdir()
+        (partial / COMMIT_MARKER).write_bytes(marker)
+        for file in files:
+            if Path(file).name != file or file == COMMIT_MARKER:
+                raise _Damaged(f"its {COMMIT_MARKER} marker lists {file!r}, which is not a file of a checkpoint")
+            try:
+                store.download(f"{name}/{file}", partial / file)
+            except FileNotFoundError:
+                raise _Damaged(f"{file} is missing from the store") from None
+        _check(store, name, partial)
+        try:
+            partial.rename(target)
+        except OSError:
+            if not _holds(target, marker):
+                raise
+            # Another process of the job renamed its copy into place first: this one is dropped.
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
+
+
+def _check(store: ObjectStore, name: str, downloaded: Path) -> None:
+    try:
+        problem = damage(downloaded)
+    except pickle.UnpicklingError as error:
+        raise ConfigError(f"refused to resume from {store.where(name)}: {refusal_reason(error)}") from None
+    if problem is not None:
+        raise _Damaged(problem)
+
+
+def _holds(directory: Path, marker: bytes) -> bool:
+    """Whether `directory` is the sharded checkpoint whose commit marker is `marker`."""
+    try:
+        return (directory / COMMIT_MARKER).read_bytes() == marker
+    except OSError:  # not there, not a directory, or without a marker
+        return False
+
+
+def _hidden_copy(target: Path) -> Path:
+    # A name of its own for each process, also on another node sharing the directory (where pids may repeat).
+    return target.with_name(f".{target.name}.download-{uuid.uuid4().hex[:8]}")
 
 
 def _global_step(path: Path) -> int:

@@ -9,6 +9,11 @@ are deleted: the store keeps the newest `keep` versions of each rolling checkpoi
 preempted), the best ones Lightning keeps on disk, and always the one the pointer names. A job
 killed at any moment resumes from the previous complete checkpoint: an upload cut short is never
 visible, and the pointer never names one.
+
+A sharded checkpoint (a directory, checkpoint_format.py) is stored as one object per file,
+checkpoints/<name>-step=<N>.ckpt/<file>, its commit marker last: a version whose upload was cut
+short has no marker, is never resumed from, and is deleted at the next upload. The first process
+uploads every shard, since the sharded strategy writes them all to a directory it sees.
 """
 
 import hashlib
@@ -17,6 +22,7 @@ import logging
 import os
 import queue
 import re
+import shutil
 import socket
 import sys
 import threading
@@ -29,6 +35,7 @@ from typing import Any
 
 from pydantic import PositiveFloat, PositiveInt
 
+from .checkpoint_format import COMMIT_MARKER
 from .checkpoint_io import AtomicCheckpointIO
 from .checkpoint_saving import CheckpointSavingSettings
 from .object_store import ObjectStore, StoreConflict, StoreError
@@ -90,14 +97,20 @@ class StoredCheckpointIO(AtomicCheckpointIO):
         super().save_checkpoint(checkpoint, path, storage_options)
 
     def written(self, path: Path, step: int) -> None:
-        # Only once the file is in place (in the background when saving is asynchronous): upload that version.
+        # Only once the checkpoint is in place (in the background when saving is asynchronous): upload that version.
         if not self._snapshots_cleared:  # the first save of this run: a killed run may have left snapshots behind
             for left in path.parent.glob(".*.upload-*"):
-                left.unlink(missing_ok=True)
+                _remove(left)
             self._snapshots_cleared = True
-        # A second name for this version of the file: the upload reads it even if the next save replaces `path`.
+        # A second name for this version of the file (of each file of a sharded checkpoint): the upload reads it
+        # even if the next save replaces `path`, or the sharded strategy removes the directory.
         snapshot = path.with_name(f".{path.name}.upload-{uuid.uuid4().hex[:8]}")
-        os.link(path, snapshot)
+        if path.is_dir():
+            snapshot.mkdir()
+            for file in path.iterdir():
+                os.link(file, snapshot / file.name)
+        else:
+            os.link(path, snapshot)
         self._submit(lambda: self._store(snapshot, path.name, step))
 
     def remove_checkpoint(self, path: str | Path) -> None:
@@ -150,16 +163,33 @@ class StoredCheckpointIO(AtomicCheckpointIO):
 
     def _store(self, snapshot: Path, file: str, step: int) -> None:
         name = f"{FOLDER}/{stored_name(file, step)}"
+        sharded = snapshot.is_dir()
         try:
-            digest = sha256_of(snapshot)
-            size = snapshot.stat().st_size
-            self.store.upload(snapshot, name)
+            size, digest = self._upload_sharded(snapshot, name) if sharded else self._upload_file(snapshot, name)
         finally:
-            snapshot.unlink(missing_ok=True)
-        pointer = {"checkpoint": name, "file": file, "step": step, "bytes": size, "sha256": digest, **_writer()}
-        self._move_pointer(pointer)
+            _remove(snapshot)
+        pointer = {"checkpoint": name, "file": file, "step": step, "bytes": size, "sha256": digest}
+        self._move_pointer({**pointer, "directory": sharded, **_writer()})
         self.latest = self.store.where(name)
         self._prune(keep_also=name)
+
+    def _upload_file(self, snapshot: Path, name: str) -> tuple[int, str]:
+        """Store one file as `name`; its size and hash."""
+        digest = sha256_of(snapshot)
+        self.store.upload(snapshot, name)
+        return snapshot.stat().st_size, digest
+
+    def _upload_sharded(self, snapshot: Path, name: str) -> tuple[int, str]:
+        """Store a sharded checkpoint's files as `name/<file>`, its commit marker last; their size, the marker's hash.
+
+        The pointer names the marker's hash: the marker lists every file and its size.
+        """
+        # A version of this name whose upload a killed job cut short: what is left of it goes first.
+        self._delete([found for found in self.store.names(name) if found.startswith(f"{name}/")])
+        files = sorted(snapshot.iterdir(), key=lambda file: file.name == COMMIT_MARKER)
+        for file in files:
+            self.store.upload(file, f"{name}/{file.name}")
+        return sum(file.stat().st_size for file in files), sha256_of(snapshot / COMMIT_MARKER)
 
     def _move_pointer(self, pointer: dict[str, Any]) -> None:
         if not self._pointer_read:
@@ -179,21 +209,42 @@ class StoredCheckpointIO(AtomicCheckpointIO):
             ) from None
 
     def _prune(self, keep_also: str) -> None:
-        """Delete the versions beyond the newest `keep` of each file, never the one the pointer names."""
-        versions: dict[str, list[str]] = {}
-        for name in self.store.names(FOLDER):
-            if name.endswith(".ckpt"):
-                versions.setdefault(family(name), []).append(name)
-        for names in versions.values():
+        """Delete the versions beyond the newest `keep` of each file, never the one the pointer names, and what is
+        left of sharded ones whose upload was cut short (uploads happen here only, one at a time)."""
+        versions = stored_versions(self.store)
+        families: dict[str, list[str]] = {}
+        for name, objects in versions.items():
+            cut_short = name not in objects and f"{name}/{COMMIT_MARKER}" not in objects  # sharded, without its marker
+            if cut_short and name != keep_also:
+                self._delete(objects)
+            else:
+                families.setdefault(family(name), []).append(name)
+        for names in families.values():
             for name in sorted(names, key=step_of, reverse=True)[self.keep :]:
                 if name != keep_also:
-                    self.store.delete(name)
+                    self._delete(versions[name])
 
     def _forget(self, file: str) -> None:
         pointed = (self.store.read_json(POINTER) or ({}, ""))[0].get("checkpoint")
-        for name in self.store.names(FOLDER):
+        for name, objects in stored_versions(self.store).items():
             if family(name) == family(file) and name != pointed:
-                self.store.delete(name)
+                self._delete(objects)
+
+    def _delete(self, objects: list[str]) -> None:
+        # A sharded checkpoint's marker first: a deletion cut short leaves a version that is plainly not whole.
+        for name in sorted(objects, key=lambda name: not name.endswith(f"/{COMMIT_MARKER}")):
+            self.store.delete(name)
+
+
+def stored_versions(store: ObjectStore) -> dict[str, list[str]]:
+    """Each checkpoint version in the store and its objects: a file is one, a sharded checkpoint one per file
+    (checkpoints/last-step=36.ckpt: checkpoints/last-step=36.ckpt/__0_0.distcp, ...)."""
+    versions: dict[str, list[str]] = {}
+    for name in store.names(FOLDER):
+        version = "/".join(name.split("/")[:2])
+        if version.endswith(".ckpt"):
+            versions.setdefault(version, []).append(name)
+    return versions
 
 
 def stored_name(file: str, step: int) -> str:
@@ -237,6 +288,13 @@ def keep_run_id_in_store(store: ObjectStore, checkpoints: Path) -> str:
         replacement.write_text(kept)
         os.replace(replacement, id_file)
     return kept
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _writer() -> dict[str, Any]:
