@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 import torch
 from lightning.pytorch import Trainer
 
-from .checkpoint_format import checkpoint_meta
+from .checkpoint_format import META_FILE, checkpoint_meta
 from .checkpoint_io import refusal_reason
 from .cluster.platforms import platform_of
 from .exit_codes import CONFIG_ERROR
@@ -104,10 +104,13 @@ def read_checkpoint(path: str) -> dict[str, Any]:
     no code in it can run. Tensors are mapped, not read."""
     if "://" not in path:
         return checkpoint_meta(path)
-    folder, _, name = path.rpartition("/")
+    folder, _, name = path.rstrip("/").rpartition("/")
+    store = open_store(folder, timeout=60)
+    if store.names(name):  # a sharded checkpoint: a folder of objects; its meta.pt holds the provenance
+        name = f"{name}/{META_FILE}"
     with tempfile.TemporaryDirectory() as scratch:
-        local = Path(scratch, name)
-        open_store(folder, timeout=60).download(name, local)
+        local = Path(scratch, "checkpoint")
+        store.download(name, local)
         return torch.load(local, map_location="cpu", weights_only=True)
 
 

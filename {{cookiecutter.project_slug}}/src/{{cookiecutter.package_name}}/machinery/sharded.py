@@ -44,6 +44,7 @@ from .checkpoint_format import META_FILE, commit, sharded_damage
 from .checkpoint_io import CheckpointNotWritten
 from .checkpoint_saving import CheckpointSavingSettings, SaveTimes
 from .errors import ConfigError
+from .stored_checkpoints import CheckpointNotStored, StoredCheckpointIO
 
 log = logging.getLogger(__package__)
 
@@ -103,6 +104,7 @@ class ShardedStrategy(ModelParallelStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None) -> None:
         self.wait_for_checkpoints()  # one save at a time; a failed one ends the job here
+        self._raise_if_not_stored()
         started = time.monotonic()
         path = Path(self.broadcast(str(filepath)))
         partial = path.with_name(f".{path.name}.partial-{self.broadcast(uuid.uuid4().hex[:8])}")
@@ -193,10 +195,23 @@ class ShardedStrategy(ModelParallelStrategy):
         if failed.item():
             raise CheckpointNotWritten(path, reason or "another process could not write its shard")
 
+    def _raise_if_not_stored(self) -> None:
+        """An upload to the checkpoint store failed (the first process uploads): every process ends here alike."""
+        failure = None
+        if self.global_rank == 0 and isinstance(self.checkpoint_io, StoredCheckpointIO):
+            try:
+                self.checkpoint_io.raise_failure()
+            except CheckpointNotStored as error:
+                failure = error
+        failed = torch.tensor([failure is not None], dtype=torch.int32, device=self.root_device)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+        if failed.item():
+            raise failure or CheckpointNotStored("the first process could not store a checkpoint", None)
+
     def _refuse_unshared_checkpoint_dirs(self, trainer: Trainer) -> None:
         """Every process must see the directory the first one writes to: resuming reads every shard."""
         token = self.broadcast(uuid.uuid4().hex[:8])
-        directories = checkpoint_dirs(trainer)
+        directories = sorted({directory.resolve() for directory in checkpoint_dirs(trainer)})  # each one once
         probes = [directory / f".shared-{token}" for directory in directories]
         if self.global_rank == 0:
             for probe in probes:
