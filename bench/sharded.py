@@ -108,7 +108,8 @@ class SavingRunner(Runner):
             "--data", "wide_mlp.RandomVectors", "--data.width", str(width),
             "--data.batch_size", str(args.save_batch_size),
             "--trainer.accelerator", "cpu", "--trainer.devices", str(PROCESSES), "--trainer.logger", "false",
-            # Two steps after the last save: a background write overlaps training, as it would in a longer run.
+            # Two steps after the last save: its interval ends at the next step, and a write in the background
+            # overlaps training as in a longer run.
             "--trainer.max_steps", str(args.saves * args.every + 2), "--trainer.max_epochs", "-1",
             "--trainer.default_root_dir", str(out), "--checkpoint_saving.asynchronous", SAVINGS[saving],
             f"--trainer.callbacks={json.dumps(callbacks)}",
