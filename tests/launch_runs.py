@@ -69,3 +69,24 @@ def assert_one_process_group(out: Path, world: int, processes_per_node: int, log
     assert len({report["weights"] for report in reports}) == 1, "ranks ended with different weights"
     assert len({report["global_step"] for report in reports}) == 1
     return reports
+
+
+# The sharded strategy on the tests' tiny model, as its author would make it ready for sharding.
+SHARDED = ["--config", "configs/strategy/fsdp.yaml", "--model.class_path", "tests.machinery.tiny.TinyShardedClassifier"]
+
+
+def assert_one_sharded_job(out: Path, world: int, processes_per_node: int, log: str = "") -> None:
+    """One job (assert_one_process_group) whose processes each held a part of the weights, and one committed
+    checkpoint directory in `out/run/checkpoints` with every process's shard and nothing half-saved beside it."""
+    reports = assert_one_process_group(out, world, processes_per_node, log)  # incl. the same gathered weights
+    assert reports[0]["global_step"] == TRAIN_STEPS
+    whole = reports[0]["parameters"]
+    assert all(report["parameters_held"] < whole for report in reports), reports
+    assert sum(report["parameters_held"] for report in reports) == whole, reports
+    checkpoints = out / "run" / "checkpoints"
+    last = checkpoints / "last.ckpt"
+    assert last.is_dir(), log[-4000:]
+    assert not list(checkpoints.glob(".*")), "a save or the shared-directory probe left a hidden file behind"
+    assert sorted(path.name for path in last.glob("*.distcp")) == [f"__{rank}_0.distcp" for rank in range(world)]
+    committed = json.loads((last / "COMMITTED").read_text())
+    assert (committed["step"], committed["world_size"]) == (TRAIN_STEPS, world), committed

@@ -43,7 +43,7 @@ from .containers import (
 )
 from .docker_swarm import DEBIAN_CLI, DockerSwarm
 from .host import root_or_skip
-from .launch_runs import TRAIN_STEPS, assert_one_process_group, quick_cpu_run
+from .launch_runs import SHARDED, TRAIN_STEPS, assert_one_process_group, assert_one_sharded_job, quick_cpu_run
 
 pytestmark = pytest.mark.containers
 
@@ -292,27 +292,12 @@ def test_a_killed_container_ends_the_job_naming_the_lost_node(project_image, con
 
 
 # The sharded strategy (FSDP2) with the tests' tiny model as its author makes it ready for sharding.
-SHARDED = ["--config", "configs/strategy/fsdp.yaml", "--model.class_path", "tests.machinery.tiny.TinyShardedClassifier"]
-
-
 def test_two_containers_train_one_sharded_job_into_the_shared_volume(project_image, containers, runs, mnist):
     """Each of the 4 processes holds a part of the weights; each writes its shard of one checkpoint directory."""
     network = containers.network("sharded")
     nodes = [start_node(containers, project_image, "SING", rank, network, runs, mnist, *SHARDED) for rank in (0, 1)]
     log = assert_finished(containers, nodes)
-    world = NODES * PROCESSES_PER_NODE
-    reports = assert_one_process_group(runs, world, PROCESSES_PER_NODE, log)  # incl. the same gathered weights
-    assert reports[0]["global_step"] == TRAIN_STEPS
-    whole = reports[0]["parameters"]
-    assert all(report["parameters_held"] < whole for report in reports), reports
-    assert sum(report["parameters_held"] for report in reports) == whole, reports
-    checkpoints = runs / "run" / "checkpoints"
-    last = checkpoints / "last.ckpt"
-    assert last.is_dir(), log[-4000:]
-    assert not list(checkpoints.glob(".*")), "a save or the shared-directory probe left a hidden file behind"
-    assert sorted(path.name for path in last.glob("*.distcp")) == [f"__{rank}_0.distcp" for rank in range(world)]
-    committed = json.loads((last / "COMMITTED").read_text())
-    assert (committed["step"], committed["world_size"]) == (TRAIN_STEPS, world), committed
+    assert_one_sharded_job(runs, NODES * PROCESSES_PER_NODE, PROCESSES_PER_NODE, log)
 
 
 def test_sharded_containers_with_run_directories_of_their_own_are_refused(project_image, containers, tmp_path, mnist):

@@ -10,7 +10,6 @@ through the same script: one job whose processes each hold a part of the weights
 shard of one checkpoint directory in the shared run directory.
 """
 
-import json
 import re
 import shutil
 import time
@@ -19,7 +18,15 @@ from pathlib import Path
 import pytest
 
 from .host import root_or_skip
-from .launch_runs import TRAIN_STEPS, assert_one_process_group, launch_environment, quick_cpu_run, write_fake_mnist
+from .launch_runs import (
+    SHARDED,
+    TRAIN_STEPS,
+    assert_one_process_group,
+    assert_one_sharded_job,
+    launch_environment,
+    quick_cpu_run,
+    write_fake_mnist,
+)
 from .slurm_cluster import SlurmCluster, free_ports, install_packages, missing_programs
 
 TASKS_PER_NODE = 2
@@ -83,10 +90,6 @@ def test_generated_sbatch_script_trains_as_one_job(slurm, project, fake_mnist, t
     assert f"[Slurm] node_rank={nodes - 1} local_rank=1 global_rank={world - 1} world_size={world}" in log
 
 
-# The sharded strategy (FSDP2) with the tests' tiny model as its author makes it ready for sharding.
-SHARDED = ["--config", "configs/strategy/fsdp.yaml", "--model.class_path", "tests.machinery.tiny.TinyShardedClassifier"]
-
-
 def test_generated_sbatch_script_trains_one_sharded_job(slurm, project, fake_mnist, tmp_path):
     """2 nodes x 2 tasks, sharded: each task holds a part of the weights and writes its shard of last.ckpt.
 
@@ -98,19 +101,7 @@ def test_generated_sbatch_script_trains_one_sharded_job(slurm, project, fake_mni
     log = job_log(slurm, project, job, job_id)
     assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), log[-6000:]
 
-    world = nodes * TASKS_PER_NODE
-    reports = assert_one_process_group(tmp_path, world, TASKS_PER_NODE, log)  # incl. the same gathered weights
-    assert reports[0]["global_step"] == TRAIN_STEPS
-    whole = reports[0]["parameters"]
-    assert all(report["parameters_held"] < whole for report in reports), reports
-    assert sum(report["parameters_held"] for report in reports) == whole, reports
-    checkpoints = tmp_path / "run" / "checkpoints"
-    last = checkpoints / "last.ckpt"
-    assert last.is_dir(), log[-6000:]
-    assert not list(checkpoints.glob(".*")), "a save left a hidden directory behind"
-    assert sorted(path.name for path in last.glob("*.distcp")) == [f"__{rank}_0.distcp" for rank in range(world)]
-    committed = json.loads((last / "COMMITTED").read_text())
-    assert (committed["step"], committed["world_size"]) == (TRAIN_STEPS, world), committed
+    assert_one_sharded_job(tmp_path, nodes * TASKS_PER_NODE, TASKS_PER_NODE, log)
 
 
 def wait_for(condition, what: str, details, timeout: float = 120) -> None:

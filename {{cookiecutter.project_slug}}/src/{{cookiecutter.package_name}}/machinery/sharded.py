@@ -103,9 +103,9 @@ class ShardedStrategy(ModelParallelStrategy):
             self._refuse_unshared_checkpoint_dirs(trainer)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None) -> None:
+        started = time.monotonic()  # training waits from here, for the save before this one too
         self.wait_for_checkpoints()  # one save at a time; a failed one ends the job here
         self._raise_if_not_stored()
-        started = time.monotonic()
         path = Path(self.broadcast(str(filepath)))
         partial = path.with_name(f".{path.name}.partial-{self.broadcast(uuid.uuid4().hex[:8])}")
         shards = {"state_dict": checkpoint.pop("state_dict")}
@@ -127,11 +127,11 @@ class ShardedStrategy(ModelParallelStrategy):
             self._raise_if_any(path, failure)
             return
         future = dcp.async_save(shards, checkpoint_id=partial, process_group=self._checkpoint_group)
-        blocked = time.monotonic() - started
+        returned = time.monotonic()
         committer = None
         if self.global_rank == 0:  # its save ends after every process's shard is written
             committer = threading.Thread(
-                target=self._commit_when_written, args=(future, partial, path, step, started, blocked), daemon=True
+                target=self._commit_when_written, args=(future, partial, path, step, returned - started), daemon=True
             )
             committer.start()
         self._in_flight = (path, future, committer)
@@ -175,9 +175,8 @@ class ShardedStrategy(ModelParallelStrategy):
         finally:
             super().teardown()
 
-    def _commit_when_written(
-        self, future: Future, partial: Path, path: Path, step: int, started: float, blocked: float
-    ) -> None:
+    def _commit_when_written(self, future: Future, partial: Path, path: Path, step: int, blocked: float) -> None:
+        returned = time.monotonic()
         if future.exception() is not None:
             return  # wait_for_checkpoints reports it
         try:
@@ -185,7 +184,7 @@ class ShardedStrategy(ModelParallelStrategy):
         except Exception as error:  # not the disk: a bug, reported when the job waits for this save
             self._failure = f"{type(error).__name__}: {error}"
         if self._failure is None:
-            self._times.report(path, blocked, time.monotonic() - started)
+            self._times.report(path, blocked, time.monotonic() - returned)  # the write, after the copy
             self.checkpoint_io.written(path, step)
 
     def _raise_if_any(self, path: Path, reason: str | None) -> None:
