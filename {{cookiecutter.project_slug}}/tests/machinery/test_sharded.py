@@ -67,19 +67,42 @@ def uninterrupted(experiment: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return folder
 
 
-def test_two_pods_of_two_processes_shard_every_weight_four_ways(uninterrupted):
-    reports = reports_of(uninterrupted / "reports")
+def assert_sharded_four_ways(folder: Path, steps: int) -> None:
+    """One job of 4 processes, each holding a part of the weights, the same weights gathered on each, and a
+    committed last.ckpt with every process's shard."""
+    reports = reports_of(folder / "reports")
     assert sorted(report["global_rank"] for report in reports) == [0, 1, 2, 3]
     assert {report["world_size"] for report in reports} == {4}
-    assert {report["global_step"] for report in reports} == {STEPS}
+    assert {report["global_step"] for report in reports} == {steps}
     whole = reports[0]["parameters"]
     for report in reports:  # each process holds a part of the weights, and the parts make them whole
         assert report["parameters_held"] < whole, report
     assert sum(report["parameters_held"] for report in reports) == whole
     assert len({report["weights"] for report in reports}) == 1, "the gathered weights differ between processes"
-    last = uninterrupted / "run" / "checkpoints" / "last.ckpt"
+    last = folder / "run" / "checkpoints" / "last.ckpt"
     assert sorted(path.name for path in last.glob("*.distcp")) == [f"__{rank}_0.distcp" for rank in range(4)]
-    assert json.loads((last / "COMMITTED").read_text())["step"] == STEPS
+    assert json.loads((last / "COMMITTED").read_text())["step"] == steps
+
+
+def test_two_pods_of_two_processes_shard_every_weight_four_ways(uninterrupted):
+    assert_sharded_four_ways(uninterrupted, STEPS)
+
+
+def test_torchrun_two_nodes_train_one_sharded_job(experiment, tmp_path):
+    endpoint = f"127.0.0.1:{free_port()}"
+    reports = tmp_path / "reports"
+    report = ["--trainer.callbacks+=tests.rank_report.ReportRank", "--trainer.callbacks.out_dir", str(reports)]
+    train = [*sharded_args(experiment, tmp_path / "run", 16, 2), "--trainer.max_epochs", "1", *report]
+    commands = [
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-backend",
+         "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "test", "--nproc-per-node", "2", str(TRAIN_SCRIPT), *train]
+        for rank in range(2)
+    ]  # fmt: skip
+    nodes = start_nodes(commands, [clean_env(), clean_env()], tmp_path / "logs")
+    assert [exit_code(node, 300, "the sharded torchrun job hung") for node in nodes] == [0, 0], (
+        tmp_path / "logs" / "node0.log"
+    ).read_text()[-4000:]
+    assert_sharded_four_ways(tmp_path, STEPS // 2)
 
 
 def test_a_preempted_sing_job_resumes_bitwise_and_on_two_processes_to_the_same_weights(
