@@ -164,6 +164,22 @@ def test_a_save_killed_before_its_commit_leaves_the_checkpoint_before_it(experim
     assert not list(checkpoints.glob(".*.partial-*")), "an unfinished save was left behind"
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--trainer.fast_dev_run", "true"],
+        ["--trainer.gradient_clip_val", "1.0", "--trainer.accumulate_grad_batches", "2",
+         "--trainer.precision", "bf16-mixed", "--trainer.limit_train_batches", "4"],
+    ],
+    ids=["fast_dev_run", "clip-accumulate-bf16"],
+)  # fmt: skip
+def test_everyday_flags_train_sharded(flags, experiment, tmp_path):
+    result = run_train(*sharded_args(experiment, tmp_path / "run", 32, 2), "--trainer.max_epochs", "1", *flags)
+    assert result.returncode == 0, result.stderr[-4000:]
+    saved = list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
+    assert not saved if "--trainer.fast_dev_run" in flags else saved  # a fast_dev_run only tries the code
+
+
 def test_a_model_that_shards_nothing_is_refused_in_one_line(experiment, tmp_path):
     args = sharded_args(experiment, tmp_path / "run", 32, 1)
     result = run_train(*args[: args.index("--model.class_path")], "--trainer.max_epochs", "1", env=clean_env())
