@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from .checkpoint_io import fsync
 from .exit_codes import CONFIG_ERROR
 
 COMMIT_MARKER = "COMMITTED"
@@ -42,13 +43,13 @@ def commit(directory: Path, step: int, world_size: int) -> None:
     """Mark `directory` complete: every file it holds now, with its size, then fsync it all."""
     files = {file.name: file.stat().st_size for file in sorted(directory.iterdir()) if file.is_file()}
     for name in files:
-        _fsync(directory / name)
+        fsync(directory / name)
     marker = {"step": step, "world_size": world_size, "files": files}
     partial = directory / f".{COMMIT_MARKER}.partial"
     partial.write_text(json.dumps(marker, indent=1))
-    _fsync(partial)
+    fsync(partial)
     os.replace(partial, directory / COMMIT_MARKER)
-    _fsync(directory)
+    fsync(directory)
 
 
 def sharded_damage(directory: Path) -> str | None:
@@ -119,14 +120,6 @@ def main(args: list[str] | None = None) -> None:
 
 def _number(key: str) -> int:
     return int(key.removeprefix("optimizer_"))
-
-
-def _fsync(path: Path) -> None:
-    handle = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
 
 
 if __name__ == "__main__":

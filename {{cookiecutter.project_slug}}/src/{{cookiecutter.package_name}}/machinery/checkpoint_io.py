@@ -93,7 +93,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         try:
             _write_atomically(checkpoint, path)
         except Exception as error:
-            refusal = _os_error_behind(error)
+            refusal = os_error_behind(error)
             if refusal is None:
                 raise  # not the disk: a bug, such as an object torch cannot save
             raise CheckpointNotWritten(path, refusal.strerror or str(refusal)) from error
@@ -143,16 +143,26 @@ def _write_atomically(checkpoint: dict[str, Any], path: Path) -> None:
         except BaseException:
             temporary_path.unlink(missing_ok=True)  # a full disk keeps no half-written file
             raise
-    directory = os.open(path.parent, os.O_RDONLY)
+    fsync(path.parent)  # make the rename itself durable
+
+
+def fsync(path: Path) -> None:
+    """Flush a file, or a directory's entries (a rename in it), to the disk."""
+    handle = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(directory)  # make the rename itself durable
+        os.fsync(handle)
     finally:
-        os.close(directory)
+        os.close(handle)
 
 
-def _os_error_behind(error: BaseException | None) -> OSError | None:
-    """The operating system's error that `error` is or comes from: torch reports a failed write as a RuntimeError."""
+def os_error_behind(error: BaseException | None) -> OSError | None:
+    """The operating system's error that `error` is or comes from: torch reports a failed write as a RuntimeError,
+    and torch.distributed.checkpoint as a CheckpointException holding each process's error and traceback."""
     while error is not None and not isinstance(error, OSError):
+        for failure in getattr(error, "failures", {}).values():
+            found = os_error_behind(failure[0] if isinstance(failure, tuple) else failure)
+            if found is not None:
+                return found
         error = error.__cause__ or error.__context__
     return error
 

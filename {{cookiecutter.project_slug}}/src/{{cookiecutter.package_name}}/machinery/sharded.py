@@ -41,7 +41,7 @@ from torch.distributed.tensor import DTensor
 from .checkpoint_disk import checkpoint_dirs
 from .checkpoint_fit import mismatches, refuse_mismatches
 from .checkpoint_format import META_FILE, commit, sharded_damage
-from .checkpoint_io import CheckpointNotWritten
+from .checkpoint_io import CheckpointNotWritten, os_error_behind
 from .checkpoint_saving import CheckpointSavingSettings, SaveTimes
 from .errors import ConfigError
 from .stored_checkpoints import CheckpointNotStored, StoredCheckpointIO
@@ -189,9 +189,7 @@ class ShardedStrategy(ModelParallelStrategy):
 
     def _raise_if_any(self, path: Path, reason: str | None) -> None:
         """Raise CheckpointNotWritten on every process if any process failed (`reason` is its own failure)."""
-        failed = torch.tensor([reason is not None], dtype=torch.int32, device=self.root_device)
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-        if failed.item():
+        if self._on_any_process(reason is not None):
             raise CheckpointNotWritten(path, reason or "another process could not write its shard")
 
     def _raise_if_not_stored(self) -> None:
@@ -202,10 +200,14 @@ class ShardedStrategy(ModelParallelStrategy):
                 self.checkpoint_io.raise_failure()
             except CheckpointNotStored as error:
                 failure = error
-        failed = torch.tensor([failure is not None], dtype=torch.int32, device=self.root_device)
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-        if failed.item():
+        if self._on_any_process(failure is not None):
             raise failure or CheckpointNotStored("the first process could not store a checkpoint", None)
+
+    def _on_any_process(self, flag: bool) -> bool:
+        """Whether `flag` is true on any process of the job (every process calls this at the same point)."""
+        found = torch.tensor([flag], dtype=torch.int32, device=self.root_device)
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        return bool(found.item())
 
     def _refuse_unshared_checkpoint_dirs(self, trainer: Trainer) -> None:
         """Every process must see the directory the first one writes to: resuming reads every shard."""
@@ -222,9 +224,7 @@ class ShardedStrategy(ModelParallelStrategy):
         if self.global_rank == 0:
             for probe in probes:
                 probe.unlink()
-        failed = torch.tensor([bool(unseen)], dtype=torch.int32, device=self.root_device)
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-        if failed.item():
+        if self._on_any_process(bool(unseen)):
             raise ConfigError(
                 f"sharded checkpoints need a directory every node sees, and {directories[0]} is not the same directory"
                 " on every node: put trainer.default_root_dir on a file system all nodes mount"
@@ -265,20 +265,8 @@ def _attempt(save: Callable[[], Any]) -> str | None:
     try:
         save()
     except Exception as error:
-        refusal = _os_error_in(error)
+        refusal = os_error_behind(error)
         if refusal is None:
             raise
         return refusal.strerror or str(refusal)
     return None
-
-
-def _os_error_in(error: BaseException | None) -> OSError | None:
-    """The operating system's error behind `error`, also inside torch.distributed.checkpoint's CheckpointException
-    (which holds each process's error and traceback)."""
-    while error is not None and not isinstance(error, OSError):
-        for failure in getattr(error, "failures", {}).values():
-            found = _os_error_in(failure[0] if isinstance(failure, tuple) else failure)
-            if found is not None:
-                return found
-        error = error.__cause__ or error.__context__
-    return error
