@@ -152,7 +152,8 @@ class Runner:
             MKL_NUM_THREADS="1",
             WANDB_MODE="offline",  # the default logger, with no network or account
             PYTHONUNBUFFERED="1",
-            PYTHONPATH=os.pathsep.join([str(project / "src"), str(BENCH)]),
+            # Before what the caller set, which may hold the project's dependencies (a machine with no network).
+            PYTHONPATH=os.pathsep.join(filter(None, [str(project / "src"), str(BENCH), env.get("PYTHONPATH")])),
         )
         self.glibc_default_env = env
         self.env = {**env, **REUSE_FREED_MEMORY}

@@ -18,7 +18,7 @@ from {{ cookiecutter.package_name }}.machinery.cluster.settings import DEFAULT_M
 from {{ cookiecutter.package_name }}.machinery.cluster.sing import SINGEnvironment
 from {{ cookiecutter.package_name }}.machinery.process_counts import devices_per_node, num_nodes
 
-from ..conftest import clean_env, free_port
+from ..conftest import clean_env, free_port, quick_run_args, run_train
 
 # The documents' example: job `test` with 2 nodes, as node 1 sees it.
 SING_NODE_1 = {
@@ -231,6 +231,28 @@ def test_launches_that_cannot_work_are_refused_naming_the_variables(environ, var
     environ(variables)
     with pytest.raises(ClusterConfigError, match=message):
         detect_platform()
+
+
+def test_only_an_mpi_launch_lets_lightning_probe_mpi(environ):
+    # Lightning's MPI probe starts MPI in the process: only a process an MPI launcher started may run it.
+    assert detect_platform().environment is not None
+    environ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"})
+    assert detect_platform().environment is None
+
+
+def test_a_machine_with_mpi4py_trains_without_mpirun(experiment, tmp_path):
+    """NVIDIA's images ship mpi4py; importing its MPI module outside `mpirun` aborts the process (seen on an H200).
+
+    A stand-in mpi4py whose MPI module ends the process on import, as Open MPI's singleton start does there."""
+    site = tmp_path / "site"
+    (site / "mpi4py").mkdir(parents=True)
+    (site / "mpi4py" / "__init__.py").write_text("")
+    (site / "mpi4py" / "MPI.py").write_text("import os\nos._exit(13)  # MPI_Init without a launcher\n")
+    (site / "mpi4py-4.0.0.dist-info").mkdir()
+    (site / "mpi4py-4.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: mpi4py\nVersion: 4.0.0\n")
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    result = run_train("fit", *quick_run_args(experiment, tmp_path / "run"), "--trainer.max_steps", "2", env=env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 
 
 def test_detection_is_not_fooled_by_the_other_platform(environ):

@@ -12,7 +12,10 @@ Which launch a process belongs to, first match wins (`detect_platform`):
    variables of both at once are refused.
 3. Lightning's manual launch: NODE_RANK (no RANK), WORLD_SIZE (the number of nodes), MASTER_ADDR
    and MASTER_PORT on each node; Lightning's own LightningEnvironment runs it.
-4. Otherwise a single node.
+4. Otherwise a single node, or LSF's or an MPI launcher's processes, which Lightning's own
+   environments run. Lightning probes MPI only where an MPI launcher's variables are set: its probe
+   starts MPI in the process, which aborts it on a machine with mpi4py (most NVIDIA images) that
+   no `mpirun` launched.
 
 Debug a launch without training: `python -m {{ cookiecutter.package_name }}.machinery.cluster`.
 """
@@ -22,7 +25,12 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
+from lightning.fabric.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 
 from .launch_variables import ClusterConfigError, require, require_int, require_port, require_rank_and_size
@@ -37,7 +45,7 @@ class Platform:
     """Where this process runs, as far as the environment variables tell."""
 
     name: str
-    # None: Lightning picks its own environment (torchrun, Slurm, LSF, MPI, or a single node).
+    # None: Lightning picks its own environment (torchrun, Slurm, LSF, MPI).
     environment: ClusterEnvironment | None = None
     # The platform's node count and the variable it came from; None when the platform gives none.
     num_nodes: int | None = None
@@ -93,7 +101,13 @@ def detect_platform(settings: ClusterSettings | None = None) -> Platform:
             f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set without RANK (the POD platform's pod index)"
             " or NODE_RANK (Lightning's manual launch): set the one your platform gives"
         )
-    return Platform("local")
+    if any(name in os.environ for name in LSF_OR_MPI_VARIABLES):
+        return Platform("LSF or MPI")
+    return Platform("local", LightningEnvironment())
+
+
+# What LSF's job starter and MPI launchers (Open MPI, MPICH and Intel MPI, PMIx, MVAPICH) set in each process.
+LSF_OR_MPI_VARIABLES = ("LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 
 
 # Where the first process of a node keeps the node count of a manual launch: Lightning rewrites
@@ -110,7 +124,9 @@ def _lightnings_manual_launch() -> Platform:
         os.environ[MANUAL_NUM_NODES] = str(num_nodes)
     if "MASTER_PORT" in os.environ:
         require_port("MASTER_PORT")
-    return Platform("Lightning", num_nodes=require_int(MANUAL_NUM_NODES), num_nodes_variable="WORLD_SIZE")
+    return Platform(
+        "Lightning", LightningEnvironment(), num_nodes=require_int(MANUAL_NUM_NODES), num_nodes_variable="WORLD_SIZE"
+    )
 
 
 def _refuse_a_launcher_on_fewer_nodes_than_sing(launcher: Platform, main_port: int) -> None:
