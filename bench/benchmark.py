@@ -246,7 +246,7 @@ class Runner:
         """The measured data as chunks, written once by the project's own command."""
         chunks = self.args.out / "chunks"
         if not (chunks / "train" / "index.json").exists():
-            command = [sys.executable, "-m", f"{self.args.package}.machinery.chunks",
+            command = [sys.executable, "-m", "trainkit.data.chunks",
                        "--config", "configs/experiment.yaml", "--data.data_dir", str(self.data_dir),
                        "--data.download", "false", "--out", str(chunks)]  # fmt: skip
             self._run("chunks", command, self.env)
@@ -571,7 +571,7 @@ def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, str(project / "src"))
     from importlib import import_module
 
-    precision = import_module(f"{args.package}.machinery.speed").default_precision(accelerator)
+    precision = import_module("trainkit.run.speed").default_precision(accelerator)
     batch_size = args.batch_size or init_args(project / "configs" / "experiment.yaml", "data")["batch_size"]
     runner = Runner(args, project, data_dir, accelerator)
     started = time.monotonic()

@@ -187,16 +187,15 @@ def start_s3_server(log: Path) -> tuple[subprocess.Popen, dict[str, str]]:
 class Measurer:
     """Saves each case's checkpoint locally, then saves and stores it, with the generated project's classes."""
 
-    def __init__(self, package: str, work: Path, keep: int) -> None:
-        self.machinery = f"{package}.machinery"
+    def __init__(self, work: Path, keep: int) -> None:
         self.work = work
         self.keep = keep
         self.stored: dict[str, Any] = {}  # one StoredCheckpointIO per case, as one run has one
 
     def stored_io(self, case: Case) -> Any:
         if case.name not in self.stored:
-            object_store = importlib.import_module(f"{self.machinery}.object_store")
-            stored_checkpoints = importlib.import_module(f"{self.machinery}.stored_checkpoints")
+            object_store = importlib.import_module("trainkit.store.object_store")
+            stored_checkpoints = importlib.import_module("trainkit.store.checkpoints")
             store = object_store.open_store(f"s3://{BUCKET}/{slug(case.name)}", timeout=60.0)
             io = stored_checkpoints.StoredCheckpointIO(store, keep=self.keep)
             # Untimed: the run's first save also reads the pointer and opens the connections.
@@ -207,7 +206,7 @@ class Measurer:
 
     def measure(self, case: Case, step: int) -> dict[str, float]:
         checkpoint = {**case.checkpoint, "global_step": step}
-        atomic = importlib.import_module(f"{self.machinery}.checkpoint_io").AtomicCheckpointIO()
+        atomic = importlib.import_module("trainkit.checkpoints.io").AtomicCheckpointIO()
         stored = self.stored_io(case)
         folder = self.work / slug(case.name)
         started = time.perf_counter()
@@ -218,7 +217,7 @@ class Measurer:
         stored.wait()
         done = time.perf_counter()
         # Apart, after the upload: the hash the upload computes first, which a real bucket's upload pays too.
-        importlib.import_module(f"{self.machinery}.stored_checkpoints").sha256_of(folder / "stored" / "preempted.ckpt")
+        importlib.import_module("trainkit.store.checkpoints").sha256_of(folder / "stored" / "preempted.ckpt")
         hashed = time.perf_counter()
         return {
             "bytes": (folder / "stored" / "preempted.ckpt").stat().st_size,
@@ -322,7 +321,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.update(env)
     samples: dict[str, list[dict[str, float]]] = {case.name: [] for case in cases}
     try:
-        measurer = Measurer(args.package, work, args.keep)
+        measurer = Measurer(work, args.keep)
         for repeat in range(args.repeats):  # the cases take turns, so that the machine's load touches each alike
             print(f"round {repeat + 1}/{args.repeats}", flush=True)
             for case in cases:

@@ -241,7 +241,7 @@ def nccl_check(fits: Fits, steps: int) -> Check:
 
 
 def package_of(project: Path) -> str:
-    return next(path.parent.name for path in (project / "src").glob("*/__init__.py") if path.parent.name != "machinery")
+    return next(path.parent.name for path in (project / "src").glob("*/__init__.py") if path.parent.name != "trainkit")
 
 
 def machine(accelerator: str) -> dict:

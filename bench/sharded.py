@@ -97,7 +97,7 @@ class SavingRunner(Runner):
         out = self.work / name
         callbacks = [
             {
-                "class_path": f"{args.package}.machinery.periodic.PeriodicCheckpoint",
+                "class_path": "trainkit.checkpoints.periodic.PeriodicCheckpoint",
                 "init_args": {"every_n_steps": args.every},
             },
             {"class_path": "wide_mlp.StepEnds", "init_args": {"out": str(out)}},

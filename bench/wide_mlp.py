@@ -1,4 +1,4 @@
-"""The model `sharded.py` times checkpoint saves with, and the clock it adds to those runs.
+"""The model `strategies/sharded.py` times checkpoint saves with, and the clock it adds to those runs.
 
 The example model's checkpoint is 5 MB: its save takes a few hundredths of a second either way.
 Saving matters from a few hundred MB on, so the saves are timed on a stack of square Linear layers

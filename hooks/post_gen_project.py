@@ -1,4 +1,4 @@
-"""Remove what the answers did not select and print the next steps."""
+"""Tidy the project: remove what the answers did not select, and print the next steps."""
 
 import json
 import shutil
@@ -24,6 +24,12 @@ README.md explains the configs, logging and how to launch on a cluster.
 """
 
 
+def remove_bytecode(project: Path) -> None:
+    """The kit is copied from the template's own folder, with whatever Python cached there."""
+    for cache in (project / "src" / "trainkit").rglob("__pycache__"):
+        shutil.rmtree(cache)
+
+
 def remove_unselected(project: Path) -> None:
     for name, unselected in UNSELECTED.items():
         path = project / name
@@ -36,5 +42,6 @@ def remove_unselected(project: Path) -> None:
 
 
 if __name__ == "__main__":
+    remove_bytecode(Path.cwd())
     remove_unselected(Path.cwd())
     print(NEXT_STEPS.format(slug=ANSWERS["project_slug"]))

@@ -1,6 +1,6 @@
 """One exit-status contract, and every launch recipe acting on it as documented.
 
-`src/<package>/machinery/exit_codes.py` defines the statuses (2 configuration error, 74 a checkpoint not
+`trainkit/run/exit_codes.py` defines the statuses (2 configuration error, 74 a checkpoint not
 written, 75 lost node, 130 Ctrl-C, 143 preempted) and the README's "How a run ends" table repeats them:
 both are parsed and compared. Then each recipe's decision is run, not read: the POD Job's
 podFailurePolicy evaluated the way the Job controller does for pods ending with each status; the
@@ -32,7 +32,7 @@ OTHER_FAILURES = (1, CANNOT_WRITE, 137)
 
 
 def exit_codes_module(project: Path) -> Path:
-    (path,) = (project / "src").glob("*/machinery/exit_codes.py")
+    (path,) = (project / "src").glob("*/trainkit/run/exit_codes.py")
     return path
 
 

@@ -5,11 +5,12 @@ import re
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 import yaml
 
-from .conftest import ANSWER_SETS
+from .conftest import ANSWER_SETS, TEMPLATE
 
 EXPECTED_FILES = [
     "README.md", "pyproject.toml", ".gitignore", "train.py", "configs/experiment.yaml", "tests/conftest.py",
@@ -27,9 +28,28 @@ def test_generates_the_expected_layout(projects, answer_set):
     project, answers = projects[answer_set], ANSWER_SETS[answer_set]
     for name in EXPECTED_FILES:
         assert (project / name).is_file(), name
-    # The researcher's code in models/ and data/, the rest in machinery/.
-    for module in ("models/image_classifier", "data/mnist", "machinery/cli", "machinery/cluster/__main__"):
-        assert (package_dir(project, answers) / f"{module}.py").is_file(), module
+    # The researcher's package holds their code only; the kit is a package of its own beside it.
+    package = package_dir(project, answers)
+    assert sorted(path.name for path in package.iterdir() if path.name != "__pycache__") == [
+        "__init__.py", "data", "models"
+    ]  # fmt: skip
+    assert (project / "src" / "trainkit" / "cli.py").is_file()
+
+
+def kit_files(kit: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(kit)): path.read_bytes()
+        for path in sorted(kit.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def test_every_project_carries_the_same_kit(projects):
+    """One source (trainkit/ in the template), the same bytes in every project whatever the answers."""
+    source = kit_files(TEMPLATE / "trainkit" / "src" / "trainkit")
+    assert "cluster/sing.py" in source
+    for answer_set, project in projects.items():
+        assert kit_files(project / "src" / "trainkit") == source, answer_set
 
 
 def test_git_keeps_every_generated_file(cookies):

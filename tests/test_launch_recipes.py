@@ -265,7 +265,7 @@ def load_manifests(project: Path) -> list[dict]:
 def project_cluster_module(project: Path, package: str):
     sys.path.insert(0, str(project / "src"))
     try:
-        return importlib.import_module(f"{package}.machinery.cluster.platforms")
+        return importlib.import_module("trainkit.cluster.platforms")
     finally:
         sys.path.remove(str(project / "src"))
 

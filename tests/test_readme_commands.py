@@ -55,9 +55,9 @@ def sweep_options(command: str) -> list[str]:
 RUN_HERE = {
     "python train.py ": small_run,
     "NPROC_PER_NODE=2 bash launch/torchrun/single_node.sh": small_run,  # 2 processes over gloo
-    f"python -m {PACKAGE}.machinery.chunks ": lambda command: [],
-    f"python -m {PACKAGE}.machinery.sweep ": sweep_options,
-    f"python -m {PACKAGE}.machinery.provenance ": lambda command: [],
+    "python -m trainkit.data.chunks ": lambda command: [],
+    "python -m trainkit.sweep ": sweep_options,
+    "python -m trainkit.checkpoints.provenance ": lambda command: [],
     # Offline: the project's dependencies and extras resolve from this environment; nothing is installed.
     'pip install -e ".[dev]"': lambda command: ["--no-index", "--no-build-isolation", "--dry-run"],
     "pre-commit install": lambda command: [],  # writes the git hook (the test's project is a git repository)
@@ -127,7 +127,7 @@ EXPECTED_OUTPUT = {
         "/checkpoints/best-",
         "it restored no best-* file",
     ),
-    f"python -m {PACKAGE}.machinery.provenance runs/": ("versions  python ", "it showed no provenance"),
+    "python -m trainkit.checkpoints.provenance runs/": ("versions  python ", "it showed no provenance"),
 }
 
 

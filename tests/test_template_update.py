@@ -1,7 +1,8 @@
 """Template updates with cruft: a project made from one template commit pulls a later commit cleanly.
 
 The template is this working tree, committed to a temporary git repository (commit 1); a project is
-made from it, the template changes (commit 2), and `cruft update` brings the change into the project.
+made from it, the template changes (commit 2: a new config, a kit fix, a launch recipe edit), and
+`cruft update` brings every change into the project while the researcher's own edits stay.
 """
 
 import json
@@ -25,6 +26,12 @@ GIT_ENV = {
     "GIT_COMMITTER_EMAIL": "template-test@example.com",
 }
 NEW_CONFIG = "configs/exp/long_run.yaml"
+KIT_FILE = "src/trainkit/cluster/sing.py"  # in the project; in the template under trainkit/
+RECIPE = "launch/slurm/train.sbatch"
+KIT_FIX = "\n# A kit fix that reaches every project.\n"
+RECIPE_EDIT = "\n# A recipe change that reaches every project.\n"
+RESEARCH_FILE = "src/{package}/models/image_classifier.py"
+RESEARCH_EDIT = "\n# The researcher's own change.\n"
 
 
 def run(*command: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
@@ -50,8 +57,10 @@ def template_repo(tmp_path) -> Path:
     repo = tmp_path / "template"
     repo.mkdir()
     shutil.copy2(TEMPLATE / "cookiecutter.json", repo)
-    for folder in ("hooks", "{{cookiecutter.project_slug}}"):
-        shutil.copytree(TEMPLATE / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", ".*_cache"))
+    for folder in ("hooks", "trainkit", "{{cookiecutter.project_slug}}"):
+        # symlinks=True: the project's src/trainkit stays a link to the kit, its one source.
+        ignore = shutil.ignore_patterns("__pycache__", ".*_cache")
+        shutil.copytree(TEMPLATE / folder, repo / folder, ignore=ignore, symlinks=True)
     run("git", "init", "-q", cwd=repo)
     commit_all(repo, "template, commit 1")
     return repo
@@ -71,23 +80,33 @@ def change_template(repo: Path) -> str:
     )
     with (project / ".gitignore").open("a") as gitignore:
         gitignore.write("\n# Editors\n.idea/\n.vscode/\n")
+    with (repo / "trainkit" / KIT_FILE).open("a") as kit_file:
+        kit_file.write(KIT_FIX)
+    with (project / RECIPE).open("a") as recipe:
+        recipe.write(RECIPE_EDIT)
     return commit_all(repo, "template, commit 2")
 
 
-def init_project(project: Path) -> None:
-    """The researcher's repository: generated files committed, then a change of their own."""
+def init_project(project: Path, package: str) -> None:
+    """The researcher's repository: generated files committed, then changes of their own."""
     run("git", "init", "-q", cwd=project)
     commit_all(project, "generated")
     with (project / "README.md").open("a") as readme:
         readme.write("\nNotes of my own.\n")
-    commit_all(project, "my notes")
+    with (project / RESEARCH_FILE.format(package=package)).open("a") as research:
+        research.write(RESEARCH_EDIT)
+    commit_all(project, "my notes and my model")
 
 
-def assert_updated(project: Path, template_head: str, project_name: str) -> None:
+def assert_updated(project: Path, template_head: str, project_name: str, package: str) -> None:
     assert not list(project.rglob("*.rej")), "the update did not apply cleanly"
     assert (project / NEW_CONFIG).read_text().startswith(f"# A longer run of {project_name}:\n")
     assert (project / ".gitignore").read_text().endswith("\n# Editors\n.idea/\n.vscode/\n")
+    assert (project / KIT_FILE).read_text().endswith(KIT_FIX), "the kit fix did not arrive"
+    assert (project / RECIPE).read_text().endswith(RECIPE_EDIT), "the launch recipe change did not arrive"
     assert (project / "README.md").read_text().endswith("\nNotes of my own.\n"), "the researcher's change was lost"
+    research = (project / RESEARCH_FILE.format(package=package)).read_text()
+    assert research.endswith(RESEARCH_EDIT), "the researcher's model was changed"
     assert json.loads((project / ".cruft.json").read_text())["commit"] == template_head
     assert "up to date" in cruft("check", cwd=project).stdout
     for ruff in (["check", "."], ["format", "--check", "."]):
@@ -101,12 +120,12 @@ def test_cruft_create_records_the_template_and_update_pulls_a_later_commit(templ
     assert record["template"] == str(template_repo)
     assert record["commit"] == run("git", "rev-parse", "HEAD", cwd=template_repo).stdout.strip()
     assert record["context"]["cookiecutter"]["project_name"] == "Lightning MNIST"
-    init_project(project)
+    init_project(project, "lightning_mnist")
 
     head = change_template(template_repo)
     assert cruft("check", cwd=project, check=False).returncode != 0, "cruft check missed the new template commit"
     cruft("update", "--skip-apply-ask", cwd=project)
-    assert_updated(project, head, "Lightning MNIST")
+    assert_updated(project, head, "Lightning MNIST", "lightning_mnist")
 
 
 def test_a_plain_cookiecutter_project_is_linked_then_updated(template_repo, cookies):
@@ -114,7 +133,7 @@ def test_a_plain_cookiecutter_project_is_linked_then_updated(template_repo, cook
     result = cookies.bake(extra_context=answers, template=str(template_repo))
     assert result.exit_code == 0, result.exception
     project = result.project_path
-    init_project(project)
+    init_project(project, "vision_lab")
     # The answers given at generation, so that the template's later files are rendered with them.
     link = ["link", "--no-input", "--default-config", "--extra-context", json.dumps(answers), str(template_repo)]
     cruft(*link, cwd=project)
@@ -122,5 +141,5 @@ def test_a_plain_cookiecutter_project_is_linked_then_updated(template_repo, cook
 
     head = change_template(template_repo)
     cruft("update", "--skip-apply-ask", cwd=project)
-    assert_updated(project, head, "Vision Lab")
+    assert_updated(project, head, "Vision Lab", "vision_lab")
     assert (project / "LICENSE").read_text().startswith("BSD 3-Clause License")

@@ -22,8 +22,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 from torch.distributed.run import main as torchrun
-
-from {{ cookiecutter.package_name }}.machinery.exit_codes import CONFIG_ERROR, INTERRUPTED, LOST_NODE, PREEMPTED
+from trainkit.run.exit_codes import CONFIG_ERROR, INTERRUPTED, LOST_NODE, PREEMPTED
 
 # What a failure leaves in the other workers: torchrun stops them (SIGTERM), or they lose their peer.
 ECHOES = (PREEMPTED, LOST_NODE)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 from torchvision.datasets import MNIST
+from trainkit.run.errors import ConfigError
 
 from {{ cookiecutter.package_name }}.data.mnist import MEAN, STD, InMemoryDataset, MNISTDataModule, already_batched
-from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
 from ..conftest import clean_env, run_train
 from ..machinery.drills import load, paced, start, wait_for, whole_epochs

@@ -1,4 +1,4 @@
-"""Images in class folders (data/image_folder.py), and any image data module converted into chunks (chunks.py)."""
+"""Images in class folders (data/image_folder.py), and any image data module converted into chunks (data/chunks.py)."""
 
 import subprocess
 import sys
@@ -9,11 +9,11 @@ import torch
 from lightning.pytorch import LightningDataModule
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
+from trainkit.data.chunks import datasets
+from trainkit.run.errors import ConfigError
 
 from {{ cookiecutter.package_name }}.data.image_folder import ImageFolderDataModule
 from {{ cookiecutter.package_name }}.data.streaming_images import StreamingImageDataModule
-from {{ cookiecutter.package_name }}.machinery.chunks import datasets
-from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
 from ..conftest import PROJECT_ROOT, clean_env
 
@@ -90,7 +90,7 @@ def test_a_folder_that_does_not_fit_is_named_in_one_line(tmp_path, case, message
 
 
 def convert(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.machinery.chunks",
+    command = [sys.executable, "-m", "trainkit.data.chunks",
                "--config", str(PROJECT_ROOT / "configs" / "experiment.yaml"), "--workers", "1", *args]  # fmt: skip
     return subprocess.run(command, cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
 

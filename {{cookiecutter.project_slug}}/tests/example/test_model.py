@@ -8,9 +8,9 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule, Tr
 from lightning.pytorch.loggers import CSVLogger
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader, TensorDataset
+from trainkit.cli import ProjectCLI
 
 from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
-from {{ cookiecutter.package_name }}.machinery.cli import ProjectCLI
 from {{ cookiecutter.package_name }}.models.image_classifier import ConvNet, ImageClassifier
 
 from ..conftest import EXPERIMENT, PROJECT_ROOT, run_train

@@ -1,4 +1,4 @@
-"""The example's data converted into chunks (machinery/chunks.py) and streamed (data/streaming_images.py)."""
+"""The example's data converted into chunks (trainkit/data/chunks.py) and streamed (data/streaming_images.py)."""
 
 import torch
 

@@ -4,8 +4,7 @@ import os
 import signal
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-
-from {{ cookiecutter.package_name }}.machinery import sharded
+from trainkit.strategies import sharded
 
 
 class KillBeforeCommit(Callback):

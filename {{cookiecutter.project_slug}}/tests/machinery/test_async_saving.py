@@ -17,11 +17,10 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.distributed.tensor import DTensor
-
-from {{ cookiecutter.package_name }}.machinery.checkpoint_io import AtomicCheckpointIO, CheckpointNotWritten
-from {{ cookiecutter.package_name }}.machinery.checkpoint_saving import CheckpointSavingSettings, wait_for_checkpoints
-from {{ cookiecutter.package_name }}.machinery.object_store import FsspecStore
-from {{ cookiecutter.package_name }}.machinery.stored_checkpoints import StoredCheckpointIO
+from trainkit.checkpoints.io import AtomicCheckpointIO, CheckpointNotWritten
+from trainkit.checkpoints.saving import CheckpointSavingSettings, wait_for_checkpoints
+from trainkit.store.checkpoints import StoredCheckpointIO
+from trainkit.store.object_store import FsspecStore
 
 from ..conftest import clean_env, quick_run_args, run_train
 from .drills import exit_code, full_epochs_args, last_words, load, paced, start, wait_for, with_periodic

@@ -92,7 +92,7 @@ def test_checkpoints_follow_the_umask_like_the_runs_other_files(one_epoch):
 
 
 def test_atomic_checkpoints_take_the_umask_they_are_written_under(tmp_path):
-    from {{ cookiecutter.package_name }}.machinery.checkpoint_io import AtomicCheckpointIO
+    from trainkit.checkpoints.io import AtomicCheckpointIO
 
     for umask, mode in ((0o022, 0o644), (0o027, 0o640), (0o077, 0o600)):
         previous = os.umask(umask)

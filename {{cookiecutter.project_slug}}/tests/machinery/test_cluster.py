@@ -9,14 +9,13 @@ from datetime import timedelta
 import pytest
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-from {{ cookiecutter.package_name }}.machinery.cluster.launch_variables import ClusterConfigError
-from {{ cookiecutter.package_name }}.machinery.cluster.node_level import wait_until_resolvable
-from {{ cookiecutter.package_name }}.machinery.cluster.platforms import MANUAL_NUM_NODES, describe, detect_platform
-from {{ cookiecutter.package_name }}.machinery.cluster.pod import PODEnvironment
-from {{ cookiecutter.package_name }}.machinery.cluster.settings import DEFAULT_MAIN_PORT, ClusterSettings
-from {{ cookiecutter.package_name }}.machinery.cluster.sing import SINGEnvironment
-from {{ cookiecutter.package_name }}.machinery.process_counts import devices_per_node, num_nodes
+from trainkit.cluster.launch_variables import ClusterConfigError
+from trainkit.cluster.node_level import wait_until_resolvable
+from trainkit.cluster.platforms import MANUAL_NUM_NODES, describe, detect_platform
+from trainkit.cluster.pod import PODEnvironment
+from trainkit.cluster.process_counts import devices_per_node, num_nodes
+from trainkit.cluster.settings import DEFAULT_MAIN_PORT, ClusterSettings
+from trainkit.cluster.sing import SINGEnvironment
 
 from ..conftest import clean_env, free_port, quick_run_args, run_train
 
@@ -390,7 +389,7 @@ def test_validate_settings_checks_node_count_and_answers_the_roll_call(environ):
 ANSWER_ROLL_CALL = """
 import sys
 from datetime import timedelta
-from {{ cookiecutter.package_name }}.machinery.cluster.roll_call import roll_call
+from trainkit.cluster.roll_call import roll_call
 port, node_rank, num_nodes, processes, seconds = map(int, sys.argv[1:])
 try:
     roll_call("127.0.0.1", port, node_rank, num_nodes, processes, "RANK", timedelta(seconds=seconds))
@@ -461,7 +460,7 @@ def test_describe_names_platform_node_and_main_address(environ):
 )
 def test_cluster_module_prints_the_setup(variables, expected, code):
     result = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}.machinery.cluster"],
+        [sys.executable, "-m", "trainkit.cluster"],
         env=clean_env(**variables),
         capture_output=True,
         text=True,

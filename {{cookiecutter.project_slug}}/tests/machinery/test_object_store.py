@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from {{ cookiecutter.package_name }}.machinery.object_store import FsspecStore, StoreConflict, StoreError, open_store
-from {{ cookiecutter.package_name }}.machinery.resume import newer_from_store
-from {{ cookiecutter.package_name }}.machinery.stored_checkpoints import StoredCheckpointIO, family, stored_name
+from trainkit.checkpoints.resume import newer_from_store
+from trainkit.store.checkpoints import StoredCheckpointIO, family, stored_name
+from trainkit.store.object_store import FsspecStore, StoreConflict, StoreError, open_store
 
 from ..conftest import TRAIN_SCRIPT, clean_env, free_port, run_train
 from .drills import (
@@ -170,7 +169,7 @@ def test_a_preempted_two_node_job_resumes_from_the_bucket_on_a_fresh_disk(s3, ex
     url = f"s3://{BUCKET}/job/{pointer['checkpoint']}"
     assert f"stored as {url}" in (logs / "node0.log").read_text()
     run_id = s3.read("job/wandb-run-id").decode()
-    shown = subprocess.run([sys.executable, "-m", "{{ cookiecutter.package_name }}.machinery.provenance", url],
+    shown = subprocess.run([sys.executable, "-m", "trainkit.checkpoints.provenance", url],
                            env=s3.env(), capture_output=True, text=True, timeout=120)  # fmt: skip
     assert shown.returncode == 0 and f"step      {pointer['step']} (epoch" in shown.stdout, shown.stderr[-3000:]
 

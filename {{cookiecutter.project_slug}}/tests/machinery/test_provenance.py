@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from {{ cookiecutter.package_name }}.machinery import provenance
+from trainkit.checkpoints import provenance
 
 from ..conftest import PROJECT_ROOT, clean_env
 from .drills import TWO_PROCESS_STEPS_PER_EPOCH, exit_code, full_epochs_args, load, paced, wait_for
 
-SHOW = [sys.executable, "-m", "{{ cookiecutter.package_name }}.machinery.provenance"]
+SHOW = [sys.executable, "-m", "trainkit.checkpoints.provenance"]
 LEFT_BEHIND = ("runs", "data", "wandb", "lightning_logs", "__pycache__", ".*", "*.ckpt")
 
 

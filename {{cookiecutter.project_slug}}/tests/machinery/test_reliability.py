@@ -275,8 +275,8 @@ def test_no_secret_reaches_logs_configs_or_checkpoints(experiment, tmp_path):
 
 def test_checkpoints_load_without_running_code(tmp_path):
     # What `--ckpt_path` relies on, checked directly: the atomic checkpoint IO loads with weights_only.
-    from {{ cookiecutter.package_name }}.machinery.checkpoint_io import AtomicCheckpointIO
-    from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
+    from trainkit.checkpoints.io import AtomicCheckpointIO
+    from trainkit.run.errors import ConfigError
 
     proof = tmp_path / "code-ran"
     write_malicious_checkpoint(tmp_path / "evil.ckpt", proof)
@@ -288,7 +288,7 @@ def test_checkpoints_load_without_running_code(tmp_path):
 
 
 def test_lost_processes_are_named_by_their_nodes():
-    from {{ cookiecutter.package_name }}.machinery.diagnostics import Placement, nodes_of
+    from trainkit.run.diagnostics import Placement, nodes_of
 
     placement = [Placement(node_rank=rank // 2, global_rank=rank, host=f"test-{rank // 2}") for rank in range(4)]
     assert nodes_of([2, 3], placement) == "node 1 (host test-1, global ranks 2, 3)"

@@ -11,9 +11,9 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningDataModule, Trainer
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from trainkit.data.resumable import ResumableData, ResumableSampler
 
 from {{ cookiecutter.package_name }}.data.streaming_images import StreamingImageDataModule
-from {{ cookiecutter.package_name }}.machinery.resumable import ResumableData, ResumableSampler
 
 from ..conftest import clean_env, quick_run_args, run_train
 from ..training_samples import recorded, sample_ids

@@ -9,8 +9,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningDataModule, Trainer
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
-
-from {{ cookiecutter.package_name }}.machinery.resumable import ResumableData, ResumableDataLoader, ResumableSampler
+from trainkit.data.resumable import ResumableData, ResumableDataLoader, ResumableSampler
 
 from ..conftest import clean_env, quick_trainer_args, run_train
 from ..training_samples import recorded

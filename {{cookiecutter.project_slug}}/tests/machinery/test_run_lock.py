@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 from lightning.pytorch import Callback, Trainer
-
-from {{ cookiecutter.package_name }}.machinery import run_lock
-from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
+from trainkit.run import lock as run_lock
+from trainkit.run.errors import ConfigError
 
 from ..conftest import clean_env, quick_run_args, run_train
 from .drills import STEPS_PER_EPOCH, TWO_PROCESS_STEPS_PER_EPOCH, full_epochs_args, load, start, wait_for

@@ -17,25 +17,24 @@ import torch.distributed.checkpoint as dcp
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-from {{ cookiecutter.package_name }}.machinery import checkpoint_format, provenance, resume
-from {{ cookiecutter.package_name }}.machinery.checkpoint_disk import checkpoint_bytes
-from {{ cookiecutter.package_name }}.machinery.checkpoint_format import META_FILE, checkpoint_size, commit
-from {{ cookiecutter.package_name }}.machinery.checkpoint_path import (
+from trainkit.checkpoints import provenance, resume, sharded_format
+from trainkit.checkpoints.disk import checkpoint_bytes
+from trainkit.checkpoints.path import (
     check_checkpoint_path,
     find_best_checkpoint,
     refuse_sharded_without_strategy,
 )
-from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
-from {{ cookiecutter.package_name }}.machinery.object_store import FsspecStore
-from {{ cookiecutter.package_name }}.machinery.resume import newer_from_store, resume_checkpoint
-from {{ cookiecutter.package_name }}.machinery.stored_checkpoints import FOLDER, POINTER, sha256_of, stored_name
+from trainkit.checkpoints.resume import newer_from_store, resume_checkpoint
+from trainkit.checkpoints.sharded_format import META_FILE, checkpoint_size, commit
+from trainkit.run.errors import ConfigError
+from trainkit.store.checkpoints import FOLDER, POINTER, sha256_of, stored_name
+from trainkit.store.object_store import FsspecStore
 
 from .tiny import TinyClassifier, TinyDataModule
 
 # torch.distributed.checkpoint says that it saves in one process, as asked.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-LOGGER = "{{ cookiecutter.package_name }}.machinery"
+LOGGER = "trainkit"
 
 
 def sharded(path: Path, step: int, *, committed: bool = True, numbers: int = 128, meta: dict | None = None) -> Path:
@@ -69,7 +68,7 @@ def trainer_saving_to(checkpoints: Path, callback: ModelCheckpoint | None = None
 
 def logged(caplog: pytest.LogCaptureFixture) -> list[str]:
     """What the machinery logged (torch.distributed.checkpoint logs the paths it saves to as well)."""
-    return [record.getMessage() for record in caplog.records if record.name == LOGGER]
+    return [record.getMessage() for record in caplog.records if record.name.split(".")[0] == LOGGER]
 
 
 def test_resume_takes_the_newest_whole_sharded_checkpoint_over_an_older_file(tmp_path):
@@ -209,7 +208,7 @@ def test_a_sharded_checkpoint_without_the_sharded_strategy_is_refused_in_one_lin
     message = str(refused.value)
     assert message.startswith(f"ckpt_path {directory} is a sharded checkpoint") and "\n" not in message
     assert "--config configs/strategy/fsdp.yaml" in message
-    assert f"python -m {{ cookiecutter.package_name }}.machinery.checkpoint_format {directory} OUT.ckpt" in message
+    assert f"python -m trainkit.checkpoints.sharded_format {directory} OUT.ckpt" in message
     refuse_sharded_without_strategy(directory, sharded_strategy=True)
     refuse_sharded_without_strategy(one_file(tmp_path / "file.ckpt", 9), sharded_strategy=False)
     refuse_sharded_without_strategy(None, sharded_strategy=False)
@@ -235,7 +234,7 @@ def test_the_conversion_the_refusal_names_gives_one_file_that_resumes_without_th
     commit(directory, step=2, world_size=1)
 
     out = tmp_path / "one-file.ckpt"
-    checkpoint_format.main([str(directory), str(out)])
+    sharded_format.main([str(directory), str(out)])
     assert resume.damage(out) is None
     resumed, second = TinyClassifier(), trainer(4)
     second.fit(resumed, data, ckpt_path=out)
@@ -250,7 +249,7 @@ def test_the_conversion_the_refusal_names_gives_one_file_that_resumes_without_th
 
     (directory / "__0_0.distcp").unlink()
     with pytest.raises(SystemExit) as refused:
-        checkpoint_format.main([str(directory), str(tmp_path / "other.ckpt")])
+        sharded_format.main([str(directory), str(tmp_path / "other.ckpt")])
     assert refused.value.code == 2 and not (tmp_path / "other.ckpt").exists()
 
 

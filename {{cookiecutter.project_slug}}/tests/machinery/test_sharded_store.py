@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
-
-from {{ cookiecutter.package_name }}.machinery import resume
-from {{ cookiecutter.package_name }}.machinery.checkpoint_format import COMMIT_MARKER, checkpoint_meta
-from {{ cookiecutter.package_name }}.machinery.checkpoint_path import find_best_checkpoint
-from {{ cookiecutter.package_name }}.machinery.object_store import FsspecStore, ObjectStore, open_store
-from {{ cookiecutter.package_name }}.machinery.resume import newer_from_store
-from {{ cookiecutter.package_name }}.machinery.stored_checkpoints import POINTER, StoredCheckpointIO, stored_versions
+from trainkit.checkpoints import resume
+from trainkit.checkpoints.path import find_best_checkpoint
+from trainkit.checkpoints.resume import newer_from_store
+from trainkit.checkpoints.sharded_format import COMMIT_MARKER, checkpoint_meta
+from trainkit.store.checkpoints import POINTER, StoredCheckpointIO, stored_versions
+from trainkit.store.object_store import FsspecStore, ObjectStore, open_store
 
 from ..conftest import clean_env
 from .drills import exit_code, paced, start, wait_for

@@ -5,9 +5,8 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
-
-from {{ cookiecutter.package_name }}.machinery import speed
-from {{ cookiecutter.package_name }}.machinery.cli import ProjectCLI
+from trainkit.cli import ProjectCLI
+from trainkit.run import speed
 
 
 def pretend_gpu(monkeypatch, bf16: str | None = "native", capability: tuple[int, int] = (8, 0)) -> None:

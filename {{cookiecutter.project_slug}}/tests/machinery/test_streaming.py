@@ -1,13 +1,13 @@
-"""The streaming data path: chunks written by chunks.py, read by streaming_images.py, shared by processes, workers."""
+"""Streaming: chunks written by trainkit.data.chunks, read by streaming_images.py, shared by processes and workers."""
 
 import json
 from collections import Counter
 
 import pytest
 import torch
+from trainkit.run.errors import ConfigError
 
 from {{ cookiecutter.package_name }}.data.streaming_images import StreamingImageDataModule, check_chunks
-from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
 
 from ..conftest import run_train
 from ..training_samples import recorded, sample_ids

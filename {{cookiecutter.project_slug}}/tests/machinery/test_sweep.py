@@ -12,10 +12,9 @@ import pytest
 import torch
 import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
-from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
-from {{ cookiecutter.package_name }}.machinery.exit_codes import CONFIG_ERROR, PREEMPTED
-from {{ cookiecutter.package_name }}.machinery.sweep import (
+from trainkit.run.errors import ConfigError
+from trainkit.run.exit_codes import CONFIG_ERROR, PREEMPTED
+from trainkit.sweep import (
     best_score,
     command,
     distribution_name,

@@ -12,8 +12,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.data import DataLoader, TensorDataset
-
-from {{ cookiecutter.package_name }}.machinery.errors import ConfigError
+from trainkit.run.errors import ConfigError
 
 IMAGE_SIZE = 16
 

@@ -7,7 +7,7 @@
 Every image is decoded once, in `setup`, into one uint8 tensor per split; batches become
 normalised floats after they reach the device, with the per-channel mean and standard deviation
 of the training images. More images than memory holds: convert them to chunks once and stream
-them (machinery/chunks.py, data/streaming_images.py).
+them (trainkit/data/chunks.py, data/streaming_images.py).
 """
 
 from pathlib import Path
@@ -19,8 +19,7 @@ from pydantic import NonNegativeInt, PositiveInt
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms.v2.functional import pil_to_tensor
-
-from ..machinery.errors import ConfigError
+from trainkit.run.errors import ConfigError
 
 SPLITS = ("train", "val", "test")
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}

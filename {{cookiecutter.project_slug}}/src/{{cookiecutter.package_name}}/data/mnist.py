@@ -7,7 +7,7 @@ where that work is cheapest. With `on_device: true` the tensors live on the GPU 
 cut there, so nothing is copied per step.
 
 Images of your own in class folders need no code: image_folder.py. Data too big for memory
-streams from chunks instead (machinery/chunks.py writes them, streaming_images.py reads them).
+streams from chunks instead (trainkit/data/chunks.py writes them, streaming_images.py reads them).
 """
 
 import math
@@ -19,8 +19,7 @@ from pydantic import NonNegativeInt, PositiveInt
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.datasets import MNIST
-
-from ..machinery.errors import ConfigError
+from trainkit.run.errors import ConfigError
 
 MEAN, STD = 0.1307, 0.3081  # of the MNIST training images, scaled to [0, 1]
 RAW_FILES = {

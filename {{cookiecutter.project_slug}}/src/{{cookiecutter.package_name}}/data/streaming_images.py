@@ -1,16 +1,16 @@
 """Images streamed from litdata chunks: the data path for datasets bigger than memory.
 
-    python -m {{ cookiecutter.package_name }}.machinery.chunks --config configs/experiment.yaml --out data/mnist-chunks
+    python -m trainkit.data.chunks --config configs/experiment.yaml --out data/mnist-chunks
     python train.py fit --config configs/experiment.yaml --data configs/data/streaming_images.yaml
 
-The chunks (of any image data module, written by machinery/chunks.py) may lie in a local folder,
+The chunks (of any image data module, written by trainkit/data/chunks.py) may lie in a local folder,
 on a shared file system or in an object store (`s3://...`, `gs://...`; litdata caches what it
 reads). Their `info/` says how many channels and classes the images have (the model is built
 for them) and how to normalise them. Every process reads its own share of the chunks and every
 loader worker a share of that, so each sample is seen once per epoch (but for the last few, when
 they do not fill a batch of every worker); the workers decode the images, and the batches become
 normalised floats on the device. The training loader resumes mid-epoch, like the in-memory one
-(machinery/resumable.py), on another number of processes too: every sample left of the epoch once.
+(trainkit/data/resumable.py), on another number of processes too: every sample left of the epoch once.
 """
 
 import io
@@ -33,16 +33,15 @@ from pydantic import NonNegativeInt, PositiveInt
 from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 from torchvision.transforms.v2.functional import pil_to_tensor
-
-from ..machinery.errors import ConfigError
-from ..machinery.resumable import batches_trained, count_batches_from, say_resharded
+from trainkit.data.resumable import batches_trained, count_batches_from, say_resharded
+from trainkit.run.errors import ConfigError
 
 # litdata gives every loader worker its own share of the samples, so the length it reports is exact.
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
 
 
 class EncodedImages(StreamingDataset):
-    """The samples chunks.py wrote, decoded: a uint8 image (channels, height, width) and its label."""
+    """The samples data/chunks.py wrote, decoded: a uint8 image (channels, height, width) and its label."""
 
     def __getitem__(self, index: Any) -> tuple[Tensor, int]:
         sample = super().__getitem__(index)
@@ -162,7 +161,7 @@ def check_chunks(folder: str) -> None:
     if "://" in folder:
         return
     path = Path(folder).resolve()
-    convert = "write it with: python -m {{ cookiecutter.package_name }}.machinery.chunks"
+    convert = "write it with: python -m trainkit.data.chunks"
     if not path.is_dir():
         raise ConfigError(f"chunk folder {path} does not exist; {convert}")
     try:
@@ -180,13 +179,13 @@ def check_chunks(folder: str) -> None:
 
 
 def chunk_info(input_dir: str) -> dict[str, Any]:
-    """What chunks.py found out about the images: in_channels, num_classes, and their per-channel mean and std."""
+    """What data/chunks.py found out about the images: in_channels, num_classes, and their per-channel mean and std."""
     check_chunks(f"{input_dir}/info")
     return json.loads(StreamingDataset(f"{input_dir}/info")[0])
 
 
 class StreamingImageDataModule(LightningDataModule):
-    """Train/val/test images from the chunk folders chunks.py writes.
+    """Train/val/test images from the chunk folders data/chunks.py writes.
 
     Args:
         input_dir: the folder or URL holding `info/`, `train/`, `val/` and `test/`.

@@ -1,0 +1,1 @@
+"""Checkpoints: atomic and background saves, the sharded format, resume, preemption, periodic saves, provenance."""

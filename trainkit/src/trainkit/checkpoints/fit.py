@@ -1,0 +1,77 @@
+"""A checkpoint that does not fit the run, refused in one line that says what to do.
+
+It happens when a run directory is reused: `ckpt_path: last` finds the old run's checkpoint. If the
+model changed shape since (another `model.hidden`, an edited network), torch would end the run with
+a traceback listing every mismatched tensor; if the old run trained past this run's `max_epochs`,
+Lightning would end it with a traceback once everything is set up.
+"""
+
+from functools import partial
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from trainkit.run.errors import ConfigError
+
+
+class RefuseCheckpointsThatDoNotFit(Callback):
+    """Compare a checkpoint's tensors with the model's, by name and shape, and its epoch with max_epochs."""
+
+    def __init__(self) -> None:
+        self.hook: RemovableHandle | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Lightning restores checkpoints after `setup` and before training, through the module's load_state_dict.
+        self.hook = pl_module.register_load_state_dict_pre_hook(partial(refuse_if_it_does_not_fit, trainer))
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.hook is not None:
+            self.hook.remove()
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        # Lightning refuses a fit resumed past max_epochs (the same condition) only after the set-up.
+        epoch, max_epochs = checkpoint.get("epoch", 0), trainer.max_epochs
+        if trainer.state.fn == TrainerFn.FITTING and max_epochs not in (None, -1) and epoch > max_epochs:
+            raise ConfigError(
+                f"checkpoint {trainer.ckpt_path} was written in epoch {epoch + 1}, past trainer.max_epochs"
+                f" {max_epochs}: raise trainer.max_epochs to train on from it, or start afresh in a new run"
+                " directory (--trainer.default_root_dir)"
+            )
+
+
+def refuse_if_it_does_not_fit(
+    trainer: Trainer, module: nn.Module, state_dict: dict[str, Any], prefix: str, metadata: Any, strict: bool, *_
+) -> None:
+    refuse_mismatches(trainer.ckpt_path, mismatches(module.state_dict(), state_dict, strict))
+
+
+def refuse_mismatches(ckpt_path: Any, problems: list[str]) -> None:
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(
+            f"checkpoint {ckpt_path} does not fit the model: {problems[0]}{more}; it was written by a model of"
+            " another shape: start afresh in a new run directory (--trainer.default_root_dir) or point ckpt_path at"
+            " a checkpoint of this model"
+        )
+
+
+def mismatches(model: dict[str, Any], checkpoint: dict[str, Any], strict: bool) -> list[str]:
+    """What differs between the model's tensors and a checkpoint's, as torch's strict loading would find it."""
+    problems = [
+        f"{name} is {_shape(checkpoint[name])} in the checkpoint, {_shape(tensor)} in the model"
+        for name, tensor in model.items()
+        if name in checkpoint and _shape(checkpoint[name]) != _shape(tensor)
+    ]
+    if strict:
+        problems += [f"the checkpoint has no {name}" for name in model if name not in checkpoint]
+        problems += [f"the model has no {name}" for name in checkpoint if name not in model]
+    return problems
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return "x".join(map(str, value.shape)) or "a scalar"
+    return type(value).__name__

@@ -1,0 +1,178 @@
+"""A checkpoint on SIGTERM: every process stops at the same step, checkpoints/preempted.ckpt, exit 143.
+
+A restarted job runs the same command again; `ckpt_path: last` in the config then resumes from
+the newest of `last.ckpt` and `preempted.ckpt` in the checkpoint directory.
+"""
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers.logger import DummyLogger
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+
+from trainkit.checkpoints.disk import checkpoint_dirs, newest_checkpoint
+from trainkit.checkpoints.io import CheckpointNotWritten
+from trainkit.checkpoints.saving import wait_for_checkpoints
+from trainkit.run import stopping
+from trainkit.store.checkpoints import CheckpointNotStored, StoredCheckpointIO
+
+log = logging.getLogger(__package__)
+
+PREEMPTED_WAIT_SECONDS = 60  # for the other processes of a node to stop after the checkpoint
+
+
+class PreemptionCheckpoint(OnExceptionCheckpoint):
+    """On SIGTERM or SIGINT, every process stops at the same step, saves one checkpoint and exits 143 or 130.
+
+    Kubernetes, cloud platforms and Slurm send SIGTERM before they stop a job; Ctrl-C sends SIGINT.
+    Once training has started, a process that receives one only notes it (run/stopping.py; before
+    training there is nothing to save and the process exits at once). After every training step the
+    processes combine what they noted (a max all-reduce that runs while the next step computes, and
+    is waited for after it), so they all stop at the same step, one step after the signal, and save
+    one consistent checkpoint. At the end of an epoch they wait for the answer at once, so no
+    validation starts after a signal. A signal during validation skips the rest of it: the weights
+    have not changed since the last step, the processes agree when validation ends, and the resumed
+    run goes on training without that validation's scores. The checkpoint is deleted once a later run
+    finishes training.
+    """
+
+    def __init__(self, dirpath: str | None = None, filename: str = "preempted") -> None:
+        # dirpath None: the command line puts it in the run's checkpoints/ directory.
+        super().__init__(dirpath or "checkpoints", filename)
+        self._pending: tuple[Any, Tensor] | None = None  # the all-reduce in flight and its flag
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._pending = None
+
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning has just replaced the SIGTERM handler with its own, which broadcasts from rank 0
+        # inside the handler: a collective the other processes never join.
+        stopping.handle_stop_signals()
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        def quiet_wandb() -> None:
+            # Slurm signals every process of a task, wandb's service too, which then ends; a later
+            # wandb call would fail the run before it stops and saves. It logs nothing more.
+            loggers = trainer.loggers
+            trainer.loggers = [DummyLogger() if isinstance(logger, WandbLogger) else logger for logger in loggers]
+
+        stopping.save_before_stopping(on_signal=quiet_wandb)
+        # Lightning also broadcasts its handler's flag from rank 0 before every training step and
+        # waits for it. With its handler replaced that flag is never set, and the broadcast only
+        # costs a synchronisation per step: 4-8% of the 2-process CPU throughput (bench/ in the
+        # template repository). tests/machinery/test_speed.py checks that the method still exists.
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if self._pending is not None:
+            self._stop_if_agreed(trainer)
+        self._share_flag(trainer.strategy.root_device)
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            self._stop_if_agreed(trainer)
+
+    def on_validation_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if _validating_while_training(trainer) and stopping.stop_requested():
+            raise StopIteration  # ends the validation loop: the rest of it is skipped
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Before the scores are computed. Processes may skip different parts of validation, so they
+        # agree here, where each arrives once, and not after every validation batch.
+        if _validating_while_training(trainer):
+            if self._pending is not None:
+                self._stop_if_agreed(trainer)
+            self._share_flag(trainer.strategy.root_device)
+            self._stop_if_agreed(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        stopping.stop_at_once()
+
+    def _share_flag(self, device: torch.device) -> None:
+        flag = torch.tensor([stopping.stop_requested()], device=device)
+        distributed = dist.is_available() and dist.is_initialized()
+        work = dist.all_reduce(flag, dist.ReduceOp.MAX, async_op=True) if distributed else None
+        self._pending = (work, flag)
+
+    def _stop_if_agreed(self, trainer: Trainer) -> None:
+        work, flag = self._pending
+        self._pending = None
+        if work is not None:
+            work.wait()
+        status = int(flag.item())  # the exit status asked for: the highest of all processes, 0 to go on
+        if status:
+            self._stop(trainer, status)
+
+    def _stop(self, trainer: Trainer, status: int) -> None:
+        _finish_earlier_saves(trainer)  # so that a failure raised below is this checkpoint's own
+        try:
+            if trainer.fast_dev_run:  # it only tries the code: it never replaces a checkpoint the job resumes from
+                saved = "a fast_dev_run saves nothing"
+            else:
+                try:
+                    trainer.save_checkpoint(self.ckpt_path)
+                except CheckpointNotWritten:
+                    # The processes that wrote raised before the barrier after the save (the first process; sharded,
+                    # every one): the others are waiting in it.
+                    trainer.strategy.barrier("Trainer.save_checkpoint")
+                    raise
+                wait_for_checkpoints(trainer)  # saved asynchronously: written before the process ends
+                saved = f"saved {self.ckpt_path} at step {trainer.global_step}"
+        except CheckpointNotWritten as error:
+            older = newest_checkpoint(checkpoint_dirs(trainer))
+            saved = (
+                f"could not save {self.ckpt_path} at step {trainer.global_step} ({error.reason}); the job will resume"
+                f" from {older or 'the start: there is no older checkpoint'}"
+            )
+        saved += _stored(trainer)
+        rank_zero_info(f"{stopping.SIGNAL_NAME[status]}: {saved}; exiting ({status})")
+        # The node's first process ends last, so the platform sees the node finished when it exits.
+        # The processes Lightning started leave its watch list first: its watcher SIGKILLs the whole
+        # node as soon as one of them exits non-zero, and here each exits 143 or 130.
+        started = getattr(trainer.strategy.launcher, "procs", [])
+        children = list(started)
+        started.clear()
+        for process in children:
+            process.wait(timeout=PREEMPTED_WAIT_SECONDS)
+        raise SystemExit(status)
+
+    def on_exception(self, trainer: Trainer, *args: Any) -> None:
+        # Only a coordinated stop saves: after a crash the other processes may never join a save.
+        stopping.stop_at_once()
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Lightning removes the file after every run that ends without an error: after `test`,
+        # `validate` and `predict` too, which leaves the job nothing to resume from. Only a fit that
+        # finished training (not a fast_dev_run, which only tries the code) has no more use for it.
+        if stage == "fit" and not trainer.fast_dev_run:
+            trainer.strategy.remove_checkpoint(self.ckpt_path)
+
+
+def _stored(trainer: Trainer) -> str:
+    """Wait for the checkpoint store to have every checkpoint (the process is about to end), and say so."""
+    io = trainer.strategy.checkpoint_io
+    if not isinstance(io, StoredCheckpointIO) or not trainer.is_global_zero:
+        return ""
+    try:
+        io.wait()
+    except CheckpointNotStored as error:
+        return f"; could not store it ({error.reason}); a new disk resumes from {io.latest or 'the start'}"
+    return f", stored as {io.latest}"
+
+
+def _finish_earlier_saves(trainer: Trainer) -> None:
+    """Wait for the checkpoints still being written in the background; one that failed is only told: the preemption
+    checkpoint saved next makes it needless."""
+    try:
+        wait_for_checkpoints(trainer)
+    except CheckpointNotWritten as error:
+        log.warning(f"{error}")
+
+
+def _validating_while_training(trainer: Trainer) -> bool:
+    return trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking

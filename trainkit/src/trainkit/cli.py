@@ -1,0 +1,230 @@
+"""The command line: LightningCLI, plus the cluster environment, node count, run directory and progress output.
+
+The model and the data module are chosen in the config (`model: class_path: ...`, `data: ...`),
+so this module never imports the researcher's code. Everything a run writes goes under
+`trainer.default_root_dir`: checkpoints in `checkpoints/`, the logger's files and `config.yaml`.
+"""
+
+import logging
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+from jsonargparse import ArgumentError
+from lightning.fabric.plugins import CheckpointIO
+from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from trainkit.checkpoints.disk import CheckCheckpointDisk, refuse_unwritable_checkpoint_dirs
+from trainkit.checkpoints.fit import RefuseCheckpointsThatDoNotFit
+from trainkit.checkpoints.io import AtomicCheckpointIO, CheckpointNotWritten
+from trainkit.checkpoints.path import (
+    CHECKPOINT_ALIASES,
+    check_checkpoint_path,
+    find_best_checkpoint,
+    refuse_sharded_without_strategy,
+)
+from trainkit.checkpoints.resume import resume_checkpoint
+from trainkit.checkpoints.saving import CheckpointSavingSettings
+from trainkit.cluster.node_level import NodeLevelEnvironment
+from trainkit.cluster.platforms import detect_platform, platform_of
+from trainkit.cluster.process_counts import devices_per_node, num_nodes
+from trainkit.cluster.roll_call import NodesDidNotArrive
+from trainkit.cluster.settings import ClusterSettings
+from trainkit.data.resumable import ResumableData
+from trainkit.run.config import (
+    checkpoint_dir,
+    configured,
+    leave_out_what_cannot_run,
+    names_a_cluster_environment,
+    put_outputs_under_root_dir,
+    use_sweep_run_dir,
+)
+from trainkit.run.config_errors import OneLineErrorParser, one_line
+from trainkit.run.diagnostics import ExplainDistributedFailure, LogProcessPlacement, lost_contact
+from trainkit.run.errors import ConfigError
+from trainkit.run.exit_codes import CANNOT_WRITE, CONFIG_ERROR, LOST_NODE, PREEMPTED
+from trainkit.run.lock import lock_run_dir
+from trainkit.run.record import SaveRunRecord
+from trainkit.run.speed import use_fast_defaults
+from trainkit.run.stopping import stop_with_this_process
+from trainkit.store.checkpoints import (
+    CheckpointNotStored,
+    CheckpointStoreSettings,
+    StoredCheckpointIO,
+    keep_run_id_in_store,
+)
+from trainkit.store.lock import lock_store
+from trainkit.store.object_store import ObjectStore, StoreError, open_store
+from trainkit.strategies.sharded import ShardedStrategy
+from trainkit.tracking.progress import PlainProgress
+from trainkit.tracking.wandb_logger import choose_wandb_mode, keep_wandb_run_id
+
+
+class ProjectCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_class_arguments(ClusterSettings, "cluster")
+        parser.add_class_arguments(CheckpointStoreSettings, "checkpoint_store")
+        parser.add_class_arguments(CheckpointSavingSettings, "checkpoint_saving")
+        # What the data module knows about its samples is not repeated in the model's config: a model
+        # with an argument of the same name gets the data module's value (others are left as they are).
+        for shared in ("in_channels", "num_classes"):
+            parser.link_arguments(f"data.{shared}", f"model.init_args.{shared}", apply_on="instantiate")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            config = self.config[subcommand]
+            # LightningCLI reads the checkpoint right after parsing: check it first.
+            check_checkpoint_path(config.get("ckpt_path"), config.get("weights_only"))
+            # Before anything logs (the seed is set next): which platform, and this process's rank on it.
+            self.platform = None if names_a_cluster_environment(config.trainer) else detect_platform(config.cluster)
+            if self.platform is not None and isinstance(self.platform.environment, NodeLevelEnvironment):
+                self.platform.environment.use_rank_before_launch()
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        leave_out_what_cannot_run(config)
+        use_sweep_run_dir(config.trainer)
+        if self.subcommand == "fit":  # one job per run directory; test, validate and predict may run beside it
+            lock_run_dir(config.trainer.default_root_dir or os.getcwd())
+        put_outputs_under_root_dir(config.trainer)
+        if self.subcommand == "fit":
+            refuse_unwritable_checkpoint_dirs(config.trainer)  # before training finds out at its first save
+        use_fast_defaults(config.trainer)  # bf16-mixed on GPUs that support it, unless trainer.precision is set
+        self.store = checked_store(config.checkpoint_store, writable=self.subcommand == "fit")
+        if self.store is not None and self.subcommand == "fit":  # one job per store location, as per run directory
+            lock_store(self.store)
+        for logger in configured(config.trainer.logger):
+            if logger.class_path.endswith(".WandbLogger"):
+                choose_wandb_mode(logger.init_args.save_dir)
+                if self.subcommand == "fit" and config.trainer.enable_checkpointing is not False:
+                    keep_wandb_run_id(logger, checkpoint_dir(config.trainer))
+                    if self.store is not None:  # a job on a fresh disk logs to the same wandb run
+                        logger.init_args.id = keep_run_id_in_store(self.store, checkpoint_dir(config.trainer))
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        config = self.config_init[self.subcommand]
+        plugins = list(configured(config.trainer.plugins))
+        chosen = [plugin for plugin in plugins if isinstance(plugin, ClusterEnvironment)]
+        platform = platform_of(chosen[0]) if chosen else self.platform
+        if platform.environment is not None and not chosen:
+            plugins.append(platform.environment)
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            saving = config.checkpoint_saving
+            keep = config.checkpoint_store.keep
+            io = AtomicCheckpointIO(saving) if self.store is None else StoredCheckpointIO(self.store, keep, saving)
+            plugins.append(io)
+        use_timeout_for_ddp(config.cluster.timeout)
+        if isinstance(config.trainer.strategy, ShardedStrategy):
+            config.trainer.strategy.use(config.cluster.timeout, config.checkpoint_saving)
+        callbacks = [
+            *configured(config.trainer.callbacks),
+            LogProcessPlacement(platform.name),
+            ExplainDistributedFailure(config.cluster.timeout),
+            RefuseCheckpointsThatDoNotFit(),
+            CheckCheckpointDisk(),  # room for a checkpoint before training; a failed write ends the job
+            ResumableData(),  # ordinary DataLoaders resume exactly, mid-epoch too (data/resumable.py)
+        ]
+        if config.trainer.enable_progress_bar is None and not sys.stdout.isatty():
+            # Output goes to a file (a cluster job): log lines instead of a redrawn bar.
+            kwargs["enable_progress_bar"] = False
+            callbacks.append(PlainProgress(config.trainer.log_every_n_steps or 50))
+        trainer = super().instantiate_trainer(
+            plugins=plugins,
+            num_nodes=num_nodes(config.trainer.num_nodes, platform),
+            devices=devices_per_node(config.trainer.devices, platform),
+            callbacks=callbacks,
+            **kwargs,
+        )
+        if config.get("ckpt_path") == "last":
+            # The newest checkpoint that is whole, not only the newest (checkpoints/resume.py).
+            found = resume_checkpoint(trainer)
+            if found is not None:
+                self.config_init[self.subcommand]["ckpt_path"] = str(found)
+        if config.get("ckpt_path") == "best":
+            # Lightning finds it only after a fit in this process; with a store, on a fresh disk too.
+            find_best_checkpoint(trainer.checkpoint_callback, self.store)
+        refuse_sharded_without_strategy(self._chosen_checkpoint(trainer), isinstance(trainer.strategy, ShardedStrategy))
+        # The processes Lightning starts on this node stop with this one, whatever it is doing (run/stopping.py).
+        stop_with_this_process(lambda: getattr(trainer.strategy.launcher, "procs", []))
+        return trainer
+
+    def _chosen_checkpoint(self, trainer: Trainer) -> Path | None:
+        chosen = self.config_init[self.subcommand].get("ckpt_path")
+        if chosen == "best":
+            chosen = trainer.checkpoint_callback.best_model_path
+        return None if chosen in (None, *CHECKPOINT_ALIASES) or "://" in chosen else Path(chosen)
+
+
+def checked_store(settings: CheckpointStoreSettings, writable: bool) -> ObjectStore | None:
+    """The checkpoint store, once it has answered: a wrong URL, credentials or bucket end the run before training."""
+    if not settings.url:
+        return None
+    try:
+        store = open_store(settings.url, settings.timeout)
+        store.check(writable)
+    except StoreError as error:
+        raise ConfigError(f"checkpoint_store.url {error}") from None
+    return store
+
+
+def use_timeout_for_ddp(timeout: timedelta) -> None:
+    # With several processes, strategy "auto" resolves to Lightning's registered "ddp" strategy;
+    # registering it with our timeout makes a lost or missing process fail the job in minutes.
+    StrategyRegistry.register(
+        "ddp", DDPStrategy, description="DDP with cluster.timeout", override=True, start_method="popen", timeout=timeout
+    )
+
+
+def _show_info_logs() -> None:
+    logger = logging.getLogger(__package__)
+    logger.setLevel(logging.INFO)
+    if not logger.handlers:
+        logger.addHandler(logging.StreamHandler())
+
+
+LAUNCHER_STOPS_THE_OTHERS_SECONDS = 10.0
+
+
+def main(args: list[str] | None = None) -> None:
+    _show_info_logs()
+    try:
+        ProjectCLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_callback=SaveRunRecord,
+            parser_class=OneLineErrorParser,  # bad settings raise ArgumentError: one line, usage only on --help
+            args=args,
+        )
+    except (ArgumentError, ConfigError, StoreError) as error:
+        # Under torchrun and Slurm every process of a node finds the same error: the first one says it
+        # and ends, and the launcher stops the others while they wait. Should the launcher not stop
+        # them (an error of theirs alone), they say it after all.
+        if os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) != "0":
+            time.sleep(LAUNCHER_STOPS_THE_OTHERS_SECONDS)
+        print(f"error: {one_line(error)}", file=sys.stderr)
+        sys.exit(CONFIG_ERROR)
+    except (CheckpointNotWritten, CheckpointNotStored) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(CANNOT_WRITE)
+    except NodesDidNotArrive as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(LOST_NODE)
+    except Exception as error:
+        if not lost_contact(error):
+            raise
+        traceback.print_exception(error)  # ends with the line naming the lost node
+        sys.exit(LOST_NODE)
+    except SIGTERMException:
+        # Lightning ends a process stopped by SIGTERM outside training with status 0: it did not finish.
+        sys.exit(PREEMPTED)

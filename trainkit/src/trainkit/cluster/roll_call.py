@@ -1,0 +1,99 @@
+"""Before the job forms, each node says who it is, so that nodes that disagree are named as such.
+
+SING and POD start every node on its own: two nodes given the same rank, or started with
+different numbers of processes, would otherwise wait for each other until the timeout and fail as
+"a node did not arrive". Each node's first process answers a roll call in the key-value store of
+the main node (the one torch's process group uses next, on the same port) and waits until every
+node has answered, or one refused.
+"""
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+
+from torch.distributed import DistNetworkError, TCPStore
+
+from trainkit.cluster.launch_variables import ClusterConfigError
+
+POLL_SECONDS = 0.2
+
+
+class NodesDidNotArrive(RuntimeError):
+    """Not every node answered the roll call in time: a node that is late, lost or cannot reach the main node."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a node says of itself."""
+
+    host: str
+    pid: int
+    processes: int
+
+    def where(self) -> str:
+        return f"host {self.host}, pid {self.pid}"
+
+
+def roll_call(
+    address: str, port: int, node_rank: int, num_nodes: int, processes: int, rank_variable: str, timeout: timedelta
+) -> TCPStore:
+    """Answer for this node and wait for the others; the store, which node 0 must keep open for torch to reuse."""
+    store = _open_store(address, port, is_main=node_rank == 0, timeout=timeout)
+    here = Answer(socket.gethostname(), os.getpid(), processes)
+    answered = store.compare_set(_key(node_rank), "", json.dumps(asdict(here))).decode()
+    if answered != json.dumps(asdict(here)):
+        refusal = (
+            f"two nodes claim node rank {node_rank}: {here.where()} and {Answer(**json.loads(answered)).where()};"
+            f" give each node its own {rank_variable} (0..{num_nodes - 1})"
+        )
+        store.set("roll-call/refused", refusal)
+        raise ClusterConfigError(refusal)
+    answers = _wait_for_every_node(store, num_nodes, address, port, timeout)
+    counts = {answer.processes for answer in answers}
+    if len(counts) > 1:
+        each = ", ".join(f"node {rank} ({answer.host}) {answer.processes}" for rank, answer in enumerate(answers))
+        raise ClusterConfigError(
+            f"the nodes start different numbers of processes ({each}): every node must start the same number;"
+            " set trainer.devices alike on every node"
+        )
+    return store
+
+
+def _open_store(address: str, port: int, is_main: bool, timeout: timedelta) -> TCPStore:
+    """Node 0 serves the store (torch's process group reuses it: multi-tenant); the others connect to it."""
+    if is_main:
+        try:
+            return TCPStore(address, port, is_master=True, multi_tenant=True, timeout=timeout, wait_for_workers=False)
+        except DistNetworkError:
+            pass  # the port is taken on this host: maybe another node 0 of this job, which the roll call will name
+    try:
+        return TCPStore(address, port, is_master=False, timeout=timeout, wait_for_workers=False)
+    except DistNetworkError:
+        raise NodesDidNotArrive(
+            f"could not reach the main node at {address}:{port} within {timeout}: node 0 did not arrive,"
+            " or this node cannot reach that address"
+        ) from None
+
+
+def _wait_for_every_node(store: TCPStore, num_nodes: int, address: str, port: int, timeout: timedelta) -> list[Answer]:
+    deadline = time.monotonic() + timeout.total_seconds()
+    keys = [_key(rank) for rank in range(num_nodes)]
+    while not store.check(keys):
+        if store.check(["roll-call/refused"]):
+            raise ClusterConfigError(store.get("roll-call/refused").decode())
+        if time.monotonic() > deadline:
+            missing = [str(rank) for rank, key in enumerate(keys) if not store.check([key])]
+            raise NodesDidNotArrive(
+                f"only {num_nodes - len(missing)} of {num_nodes} nodes joined at {address}:{port} within {timeout}:"
+                f" node {', '.join(missing)} did not arrive. Check that every node was started and can reach"
+                " that address."
+            )
+        time.sleep(POLL_SECONDS)
+    return [Answer(**json.loads(store.get(key))) for key in keys]
+
+
+def _key(node_rank: int) -> str:
+    return f"roll-call/node-{node_rank}"

@@ -1,0 +1,23 @@
+"""The `cluster:` section of the config: how the processes of a job find each other."""
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+DEFAULT_MAIN_PORT = 29500  # torch.distributed's own default; projects set theirs in configs/experiment.yaml
+
+
+@dataclass
+class ClusterSettings:
+    """The `cluster:` section of the config: how the processes of a job find each other.
+
+    Args:
+        main_port: port of the main node when the platform sets no MASTER_PORT; the same on every node.
+        address_timeout: seconds to wait for the main node's host name to resolve (pods start at
+            different times and a headless service's DNS lags behind).
+        timeout: how long a process waits for the others, to join the job or in a collective,
+            before the job fails instead of hanging (torch's own default is 30 minutes).
+    """
+
+    main_port: int = DEFAULT_MAIN_PORT
+    address_timeout: float = 300.0
+    timeout: timedelta = timedelta(minutes=5)

@@ -1,0 +1,1 @@
+"""Data loading the kit adds to any DataModule: exact mid-epoch resume, and chunks to stream from."""
