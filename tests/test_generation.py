@@ -5,10 +5,13 @@ import re
 import subprocess
 import sys
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from .conftest import ANSWER_SETS, TEMPLATE
 
@@ -107,3 +110,33 @@ def test_answers_reach_the_config(projects):
     config = yaml.safe_load((projects["minimal"] / "configs" / "experiment.yaml").read_text())
     assert config["cluster"]["main_port"] == 31234
     assert config["trainer"]["logger"]["init_args"]["entity"] is None
+
+
+OPTIONAL = {"boto3", "optuna", "litdata"}  # each behind an extra of the project: s3, sweep, streaming
+
+
+def dependency_closure(requirements: list[str]) -> set[str]:
+    """Every distribution these requirements pull in, read from the installed packages' metadata."""
+    pulled, pending = set(), [Requirement(text) for text in requirements]
+    while pending:
+        requirement = pending.pop()
+        name = canonicalize_name(requirement.name)
+        if name in pulled:
+            continue
+        pulled.add(name)
+        for text in metadata.requires(name) or []:
+            needed = Requirement(text)
+            if needed.marker is None or any(needed.marker.evaluate({"extra": extra}) for extra in
+                                            requirement.extras or {""}):  # fmt: skip
+                pending.append(needed)
+    return pulled
+
+
+def test_a_default_install_pulls_none_of_the_optional_packages(projects):
+    project = tomllib.loads((projects["defaults"] / "pyproject.toml").read_text())["project"]
+    closure = dependency_closure(project["dependencies"])
+    assert {"lightning", "torch", "wandb", "jsonargparse"} <= closure
+    assert not closure & OPTIONAL, f"a default install pulls {closure & OPTIONAL}"
+    with_extras = dependency_closure([f"{extra}" for extras in ("s3", "sweep", "streaming")
+                                      for extra in project["optional-dependencies"][extras]])  # fmt: skip
+    assert OPTIONAL <= with_extras

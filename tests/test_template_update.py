@@ -31,7 +31,7 @@ RECIPE = "launch/slurm/train.sbatch"
 KIT_FIX = "\n# A kit fix that reaches every project.\n"
 RECIPE_EDIT = "\n# A recipe change that reaches every project.\n"
 RESEARCH_FILE = "src/{package}/models/image_classifier.py"
-RESEARCH_EDIT = "\n# The researcher's own change.\n"
+RESEARCH_EDIT = "\n\n# The researcher's own change.\n"
 
 
 def run(*command: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:

@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from trainkit.checkpoints.best import BestCheckpointSettings, add_best_checkpoint
 from trainkit.checkpoints.disk import CheckCheckpointDisk, refuse_unwritable_checkpoint_dirs
 from trainkit.checkpoints.fit import RefuseCheckpointsThatDoNotFit
 from trainkit.checkpoints.io import AtomicCheckpointIO, CheckpointNotWritten
@@ -66,9 +67,20 @@ from trainkit.strategies.sharded import ShardedStrategy
 from trainkit.tracking.progress import PlainProgress
 from trainkit.tracking.wandb_logger import choose_wandb_mode, keep_wandb_run_id
 
+# The kit's callbacks, logger and settings, loaded before the project's configs (which override them).
+DEFAULTS = Path(__file__).with_name("defaults.yaml")
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
 
 class ProjectCLI(LightningCLI):
+    def __init__(self, *args, parser_kwargs: dict | None = None, run: bool = True, **kwargs) -> None:
+        defaults = {"default_config_files": [str(DEFAULTS)]}
+        if run:  # the subcommands' parsers read the configs
+            defaults = {subcommand: defaults for subcommand in SUBCOMMANDS}
+        super().__init__(*args, parser_kwargs={**defaults, **(parser_kwargs or {})}, run=run, **kwargs)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_class_arguments(BestCheckpointSettings, "best_checkpoint")
         parser.add_class_arguments(ClusterSettings, "cluster")
         parser.add_class_arguments(CheckpointStoreSettings, "checkpoint_store")
         parser.add_class_arguments(CheckpointSavingSettings, "checkpoint_saving")
@@ -91,6 +103,7 @@ class ProjectCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
+        add_best_checkpoint(config)
         leave_out_what_cannot_run(config)
         use_sweep_run_dir(config.trainer)
         if self.subcommand == "fit":  # one job per run directory; test, validate and predict may run beside it

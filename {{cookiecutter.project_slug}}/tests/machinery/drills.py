@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from trainkit.cli import DEFAULTS
 
 from ..conftest import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, quick_run_args
 
@@ -125,7 +126,10 @@ def node_envs(platform: str, port: int) -> list[dict[str, str]]:
 def with_periodic(experiment: Path, **init_args: float) -> Path:
     """The experiment with the periodic checkpoint's settings replaced, written beside it."""
     config = yaml.safe_load(experiment.read_text())
-    for callback in config["trainer"]["callbacks"]:
+    trainer = config.setdefault("trainer", {})
+    # A list is replaced as a whole: the kit's callbacks, restated with this one change.
+    trainer.setdefault("callbacks", yaml.safe_load(DEFAULTS.read_text())["trainer"]["callbacks"])
+    for callback in trainer["callbacks"]:
         if callback["class_path"].endswith(".PeriodicCheckpoint"):
             callback["init_args"] = init_args
     path = experiment.with_name("periodic-" + "-".join(f"{key}-{value}" for key, value in init_args.items()) + ".yaml")

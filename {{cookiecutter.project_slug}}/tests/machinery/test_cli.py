@@ -4,8 +4,9 @@ import subprocess
 import sys
 
 import yaml
+from trainkit.cli import DEFAULTS
 
-from ..conftest import EXPERIMENT, PROJECT_ROOT, clean_env, quick_run_args, run_train
+from ..conftest import PROJECT_ROOT, clean_env, quick_run_args, run_train
 
 
 def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(experiment, tmp_path):
@@ -77,6 +78,6 @@ def test_wrong_cluster_variable_stops_before_training(experiment, tmp_path):
 
 
 def test_default_config_is_what_the_readme_says():
-    config = yaml.safe_load(EXPERIMENT.read_text())
+    config = yaml.safe_load(DEFAULTS.read_text())  # the kit's, loaded before configs/experiment.yaml
     assert config["ckpt_path"] == "last"
     assert config["trainer"]["logger"]["class_path"].endswith("WandbLogger")

@@ -16,7 +16,7 @@ import yaml
 from trainkit.checkpoints import provenance
 
 from ..conftest import PROJECT_ROOT, clean_env
-from .drills import TWO_PROCESS_STEPS_PER_EPOCH, exit_code, full_epochs_args, load, paced, wait_for
+from .drills import TWO_PROCESS_STEPS_PER_EPOCH, exit_code, full_epochs_args, load, paced, wait_for, with_periodic
 
 SHOW = [sys.executable, "-m", "trainkit.checkpoints.provenance"]
 LEFT_BEHIND = ("runs", "data", "wandb", "lightning_logs", "__pycache__", ".*", "*.ckpt")
@@ -46,12 +46,7 @@ def test_every_checkpoint_of_a_run_records_its_commit_changes_versions_setup_and
     diff_sha256 = hashlib.sha256(git(repo, "diff", "HEAD")).hexdigest()
 
     # 2 processes, 9 steps an epoch: last.ckpt after step 9, periodic.ckpt every 4 steps, SIGTERM after step 12.
-    config = yaml.safe_load(experiment.read_text())
-    for callback in config["trainer"]["callbacks"]:
-        if callback["class_path"].endswith(".PeriodicCheckpoint"):
-            callback["init_args"] = {"every_n_steps": 4}
-    periodic_experiment = experiment.with_name("provenance-periodic-4.yaml")
-    periodic_experiment.write_text(yaml.safe_dump(config, sort_keys=False))
+    periodic_experiment = with_periodic(experiment, every_n_steps=4)
     run_dir, marker, log = tmp_path / "run", tmp_path / "step-12", tmp_path / "train.log"
     args = ["fit", *full_epochs_args(periodic_experiment, run_dir), "--trainer.devices", "2", *paced(marker, 12)]
     job = subprocess.Popen(

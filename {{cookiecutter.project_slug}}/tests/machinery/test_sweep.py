@@ -14,7 +14,7 @@ import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from trainkit.run.errors import ConfigError
 from trainkit.run.exit_codes import CONFIG_ERROR, PREEMPTED
-from trainkit.sweep import (
+from trainkit.sweep.local import (
     best_score,
     command,
     distribution_name,

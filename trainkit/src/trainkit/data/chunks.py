@@ -24,7 +24,6 @@ import torch
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
-from litdata import optimize
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms.v2.functional import to_pil_image
@@ -33,6 +32,7 @@ from trainkit.cli import ProjectCLI
 from trainkit.run.config_errors import OneLineErrorParser, one_line
 from trainkit.run.errors import ConfigError
 from trainkit.run.exit_codes import CONFIG_ERROR
+from trainkit.run.extras import require
 
 STAGES = {"train": "fit", "val": "fit", "test": "test"}  # the stage whose `setup` makes each split
 
@@ -146,6 +146,7 @@ class EncodedSamples:
 
 def convert(data: LightningDataModule, out: str, splits: list[str], shuffle_seed: int = 0, chunk_bytes: str = "64MB",
             workers: int | None = None) -> None:  # fmt: skip
+    optimize = require("litdata", "converting to chunks").optimize
     out = out.rstrip("/")
     found = datasets(data, splits)
     info = facts(data, found)

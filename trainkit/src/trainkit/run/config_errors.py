@@ -14,6 +14,8 @@ from lightning.pytorch.cli import LightningArgumentParser
 from pydantic import ValidationError
 from yaml import MarkedYAMLError
 
+from trainkit.run.extras import missing_extra
+
 PARSER_KEY = re.compile(r'^Parser key "([^"]+)":')
 CLASS_NAME = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")  # <class 'int'> -> int
 
@@ -58,6 +60,9 @@ def _reason(error: BaseException) -> str:
         problem = error.errors()[0]
         return f"{problem['msg'].lower()}, got {problem['input']}"
     message = PARSER_KEY.sub("", str(error))
+    install = missing_extra(message)
+    if install is not None:  # a class_path whose module imports an optional package that is not installed
+        return install
     if message.startswith("Unexpected config:"):  # the file is not a mapping: empty, a list or a lone value
         return "holds no settings (a config maps keys such as trainer, model and data to values)"
     return CLASS_NAME.sub(r"\1", " ".join(message.split()))

@@ -21,6 +21,8 @@ from urllib.parse import urlparse
 
 import fsspec
 
+from trainkit.run.extras import require
+
 
 class StoreError(Exception):
     """The store cannot be reached, refuses the credentials, or has no such bucket; the message is one line."""
@@ -78,7 +80,7 @@ class ObjectStore:
 class S3Store(ObjectStore):
     def __init__(self, url: str, timeout: float) -> None:
         super().__init__(url)
-        import boto3
+        boto3 = require("boto3", f"the checkpoint store {url}")
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 

@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(
-        prog=f"python -m {__package__}.sweep",
+        prog="python -m trainkit.sweep",
         description=__doc__.split("\n")[0],
         epilog="Options after -- go to every run, e.g. -- --trainer.max_epochs 1",
     )
