@@ -49,7 +49,7 @@ def quick_cpu_run(data: Path, out: Path) -> list[str]:
         "--data.data_dir", str(data),
         "--data.download", "false",
         "--data.batch_size", "32",
-        "--trainer.callbacks+=tests.rank_report.ReportRank",
+        "--trainer.callbacks+=trainkit.testing.rank_report.ReportRank",
         "--trainer.callbacks.out_dir", str(out / "reports"),
     ]  # fmt: skip
 
@@ -72,7 +72,7 @@ def assert_one_process_group(out: Path, world: int, processes_per_node: int, log
 
 
 # The sharded strategy on the tests' tiny model, as its author would make it ready for sharding.
-SHARDED = ["--config", "configs/strategy/fsdp.yaml", "--model.class_path", "tests.machinery.tiny.TinyShardedClassifier"]
+SHARDED = ["--config", "configs/strategy/fsdp.yaml", "--model.class_path", "trainkit.testing.tiny.TinyShardedClassifier"]
 
 
 def assert_one_sharded_job(out: Path, world: int, processes_per_node: int, log: str = "") -> None:

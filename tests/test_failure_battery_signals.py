@@ -23,7 +23,7 @@ from .host import root_or_skip
 from .launch_runs import launch_environment
 
 PREEMPTED, INTERRUPTED = 143, 130
-PACED = "--trainer.callbacks+=tests.pacing.PaceSteps"  # 0.2 s a step, a marker file at a step
+PACED = "--trainer.callbacks+=trainkit.testing.pacing.PaceSteps"  # 0.2 s a step, a marker file at a step
 
 
 def on_cpu(out: Path) -> list[str]:
@@ -110,7 +110,7 @@ def test_sigterm_during_validation_ends_in_seconds_with_a_checkpoint(default_pro
     validation_seconds = 13 * 3  # 800 held-out digits, 32 a batch: 13 batches a process, paced to 3 s each
     args = fit(out, in_memory(real_mnist), "--trainer.max_epochs", "2", "--trainer.devices", "2",
                "--trainer.limit_train_batches", "8")  # fmt: skip
-    paced = ["--trainer.callbacks+=tests.pacing.PaceValidation", "--trainer.callbacks.marker", str(marker),
+    paced = ["--trainer.callbacks+=trainkit.testing.pacing.PaceValidation", "--trainer.callbacks.marker", str(marker),
              "--trainer.callbacks.seconds_per_batch", "3"]  # fmt: skip
     run = start(default_project, [*args, *paced], log)
     wait_for(marker, run, log)

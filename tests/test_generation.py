@@ -17,7 +17,7 @@ from .conftest import ANSWER_SETS, TEMPLATE
 
 EXPECTED_FILES = [
     "README.md", "pyproject.toml", ".gitignore", "train.py", "configs/experiment.yaml", "tests/conftest.py",
-    "tests/machinery/conftest.py", "tests/machinery/tiny.py", "tests/example/conftest.py",
+    "tests/test_configs.py", "tests/example/conftest.py", "docs/checkpoints.md", "src/trainkit/defaults.yaml",
 ]  # fmt: skip
 LEFTOVER = re.compile(r"\{\{|\{%|cookiecutter", re.IGNORECASE)
 

@@ -11,7 +11,7 @@ and the held-out accuracy is that of the in-memory run.
 
 On another fresh project the README's steps 4 and 5 are followed to the letter: configs/experiment.yaml
 names that model and the image-folder data, the example's files are deleted, and the project's own tests
-(tests/machinery/, on a tiny model and data of their own) all still pass.
+(its configs, checked with the researcher's model and data) pass.
 """
 
 import json
@@ -186,7 +186,7 @@ def test_sigterm_mid_epoch_then_the_same_command_trains_the_same_weights(
 ):
     run_dir, log, marker = tmp_path / "run", tmp_path / "interrupted.log", tmp_path / "step-150"
     fit = ["train.py", "fit", *experiment(run_dir, *in_memory(image_folder))]
-    paced = ["--trainer.callbacks+=tests.pacing.PaceSteps", "--trainer.callbacks.marker", str(marker),
+    paced = ["--trainer.callbacks+=trainkit.testing.pacing.PaceSteps", "--trainer.callbacks.marker", str(marker),
              "--trainer.callbacks.at_step", "150", "--trainer.callbacks.seconds_per_step", "0.05"]  # fmt: skip
     with log.open("w") as output:
         job = subprocess.Popen([sys.executable, *fit, *paced], cwd=project, env=launch_environment(project),
@@ -251,7 +251,7 @@ def deleted_by_step_5(project: Path) -> list[Path]:
     return [(package if name.startswith(("models/", "data/")) else project) / name for name in named]
 
 
-def test_the_machinery_tests_pass_once_the_example_is_deleted(cookies_session):
+def test_the_projects_tests_pass_once_the_example_is_deleted(cookies_session):
     """README steps 4 and 5 on a fresh project: the experiment names the researcher's model and data, the example
     goes, and the project's own suite passes."""
     project = project_with_own_model(cookies_session)
@@ -283,9 +283,8 @@ def test_the_machinery_tests_pass_once_the_example_is_deleted(cookies_session):
         assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
         return int(re.search(rf"(\d+) (?:tests )?{counted}", result.stdout).group(1))
 
-    # Every test module still imports with the example gone, the slow drills' too ...
-    assert project_tests("tests", "--collect-only", counted="collected") > 150
-    # ... and the fast tests pass. The slow drills (multi-node, preemption, exact resume, streaming, sweeps)
-    # train the tests' own tiny model and data whatever experiment.yaml names (tests/machinery/conftest.py):
-    # here they would repeat the runs test_generated_projects.py makes.
-    assert project_tests("tests", "-m", "not slow") > 100
+    # The project's own tests now check the researcher's configs: the experiment and each config on top of it.
+    # (The kit's guarantees are tested once, in the template's suite, not in every project.)
+    passed = project_tests("tests")
+    assert passed == 1 + len([path for path in (project / "configs").rglob("*.yaml") if path.name not in
+                              ("experiment.yaml", "sweep.yaml")])  # fmt: skip

@@ -1,7 +1,7 @@
 """Every command the generated project's READMEs show runs here on the shipped real digits, or is listed elsewhere.
 
-The commands are read from the ```bash blocks of README.md and launch/*/README.md (`\\` continuations
-joined, `# comments` dropped), so the test follows the READMEs as they change. The commands that can
+The commands are read from the ```bash blocks of README.md, docs/*.md and launch/*/README.md (`\\`
+continuations joined, `# comments` dropped), so the test follows the READMEs as they change. The commands that can
 run on one CPU machine without network run in order, in one copy of the default project, as typed,
 with small-run options appended (never rewritten); each README from a project without runs, as a
 reader who follows it from its start. A command that cannot run here is listed in
@@ -67,7 +67,7 @@ RUN_HERE = {
 @dataclass(frozen=True)
 class Elsewhere:
     """Why a command cannot run here, and the test that runs it for real, if any: "tests/<file>::<name>" of
-    the template, or "project: tests/<file>::<name>" of the generated project (its suite runs in the template's)."""
+    the template (trainkit/tests/... for the kit's), or "project: tests/<file>::<name>" of the generated project."""
 
     why: str
     test: str = ""
@@ -109,9 +109,13 @@ NOT_RUN_HERE = {
     "MASTER_ADDR=<first machine> bash launch/torchrun/multi_node.sh": Elsewhere(
         "runs on several machines", "tests/test_launch_recipes.py::test_torchrun_scripts_train_on_cpu"
     ),
+    "cruft update": Elsewhere(
+        "needs the template's repository and a later commit of it",
+        "tests/test_template_update.py::test_cruft_create_records_the_template_and_update_pulls_a_later_commit",
+    ),
     "torchrun --nnodes $SING_WORLD_SIZE": Elsewhere(
         "SING's variables, on several nodes",
-        "project: tests/machinery/test_multinode.py::test_torchrun_inside_sing_nodes_forms_one_job_of_every_process",
+        "trainkit/tests/test_multinode.py::test_torchrun_inside_sing_nodes_forms_one_job_of_every_process",
     ),
 }
 
@@ -165,14 +169,14 @@ def bash_commands(readme: Path) -> list[str]:
 
 
 def readme_commands(project: Path) -> list[tuple[str, str]]:
-    """(README, command) for the project README's commands, then each launch recipe's."""
-    readmes = [project / "README.md", *sorted(project.glob("launch/*/README.md"))]
+    """(README, command) for the project README's commands, then the kit's docs', then each launch recipe's."""
+    readmes = [project / "README.md", *sorted(project.glob("docs/*.md")), *sorted(project.glob("launch/*/README.md"))]
     return [(str(readme.relative_to(project)), command) for readme in readmes for command in bash_commands(readme)]
 
 
-def everyday_flags(project: Path) -> list[tuple[str, ...]]:
-    """The flag sets the project's tests/machinery/test_everyday_flags.py trains with (its EVERYDAY_FLAGS)."""
-    module = ast.parse((project / "tests" / "machinery" / "test_everyday_flags.py").read_text())
+def everyday_flags() -> list[tuple[str, ...]]:
+    """The flag sets the kit's tests/test_everyday_flags.py trains with (its EVERYDAY_FLAGS)."""
+    module = ast.parse((TEMPLATE / "trainkit" / "tests" / "test_everyday_flags.py").read_text())
     (value,) = (node.value for node in module.body if isinstance(node, ast.Assign)
                 and any(getattr(target, "id", None) == "EVERYDAY_FLAGS" for target in node.targets))  # fmt: skip
     return [tuple(flags) for flags in ast.literal_eval(value).values()]
@@ -197,11 +201,11 @@ def how_checked(command: str, flags: list[tuple[str, ...]]) -> str:
 def test_every_readme_command_is_run_or_accounted_for(default_project):
     commands = readme_commands(default_project)
     assert len(commands) > 20, commands  # the blocks were found
-    flags = everyday_flags(default_project)
+    flags = everyday_flags()
     unaccounted = [f"{readme}: {command}" for readme, command in commands if not how_checked(command, flags)]
     assert not unaccounted, (
         "README commands that are neither run by this test nor listed in its NOT_RUN_HERE (a flag line must be one"
-        " of the project's tests/machinery/test_everyday_flags.py EVERYDAY_FLAGS):\n" + "\n".join(unaccounted)
+        " of the kit's tests/test_everyday_flags.py EVERYDAY_FLAGS):\n" + "\n".join(unaccounted)
     )
     listed = [prefix for prefix in NOT_RUN_HERE if not any(command.startswith(prefix) for _, command in commands)]
     assert not listed, f"NOT_RUN_HERE lists commands no README shows any more: {listed}"
@@ -254,7 +258,7 @@ def expected_output(command: str) -> tuple[str, str]:
 
 
 def test_readme_commands_run_on_the_shipped_digits(reader_project):
-    flags = everyday_flags(reader_project)
+    flags = everyday_flags()
     runnable = [(readme, command) for readme, command in readme_commands(reader_project)
                 if how_checked(command, flags) == "run"]  # fmt: skip
     env = offline_environment(reader_project)

@@ -7,12 +7,12 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision.datasets import MNIST
 from trainkit.run.errors import ConfigError
+from trainkit.testing.runs import load, paced, wait_for, whole_epochs
+from trainkit.testing.training_samples import recorded, sample_ids
 
 from {{ cookiecutter.package_name }}.data.mnist import MEAN, STD, InMemoryDataset, MNISTDataModule, already_batched
 
-from ..conftest import clean_env, run_train
-from ..machinery.drills import load, paced, start, wait_for, whole_epochs
-from ..training_samples import recorded, sample_ids
+from ..conftest import clean_env, run_train, start
 from .conftest import mnist_run_args
 
 
@@ -147,7 +147,7 @@ def test_each_process_trains_on_its_own_shard_reshuffled_every_epoch(mnist_dir, 
         "fit", *mnist_run_args(mnist_dir, tmp_path / "run"),
         "--trainer.devices", "2", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "1.0",
         "--data.on_device", "true",
-        "--trainer.callbacks+=tests.training_samples.RecordTrainingSamples",
+        "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples",
         "--trainer.callbacks.out_dir", str(tmp_path / "seen"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -168,9 +168,10 @@ def test_a_mid_epoch_resume_trains_on_exactly_the_rest_of_the_epoch(mnist_dir, t
     the same command trains on the same samples in the same order, to the same weights."""
 
     def args(run: str, *extra: str) -> list[str]:
+        record = "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples"
         return ["fit", *mnist_run_args(mnist_dir, tmp_path / run), *whole_epochs(2), "--trainer.devices", "2",
-                "--data.num_workers", "2", "--trainer.callbacks+=tests.training_samples.RecordTrainingSamples",
-                "--trainer.callbacks.out_dir", str(tmp_path / run / "samples"), *extra]  # fmt: skip
+                "--data.num_workers", "2", record, "--trainer.callbacks.out_dir", str(tmp_path / run / "samples"),
+                *extra]  # fmt: skip
 
     uninterrupted = run_train(*args("uninterrupted"))
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]

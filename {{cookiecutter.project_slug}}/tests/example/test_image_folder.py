@@ -10,10 +10,10 @@ from lightning.pytorch import LightningDataModule
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 from trainkit.data.chunks import datasets
+from trainkit.data.streaming import StreamingImageDataModule
 from trainkit.run.errors import ConfigError
 
 from {{ cookiecutter.package_name }}.data.image_folder import ImageFolderDataModule
-from {{ cookiecutter.package_name }}.data.streaming_images import StreamingImageDataModule
 
 from ..conftest import PROJECT_ROOT, clean_env
 

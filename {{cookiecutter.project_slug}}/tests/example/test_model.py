@@ -176,7 +176,8 @@ def test_the_example_trains_sharded_with_each_process_holding_half_of_every_bloc
     result = run_train(
         "fit", *mnist_run_args(mnist_dir, tmp_path / "run"),
         "--config", str(PROJECT_ROOT / "configs" / "strategy" / "fsdp.yaml"), "--trainer.devices", "2",
-        "--trainer.callbacks+=tests.rank_report.ReportRank", "--trainer.callbacks.out_dir", str(tmp_path / "reports"),
+        "--trainer.callbacks+=trainkit.testing.rank_report.ReportRank",
+        "--trainer.callbacks.out_dir", str(tmp_path / "reports"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads(path.read_text()) for path in sorted((tmp_path / "reports").glob("rank*.json"))]

@@ -1,11 +1,10 @@
-"""The example's data converted into chunks (trainkit/data/chunks.py) and streamed (data/streaming_images.py)."""
+"""The example's data converted into chunks (trainkit/data/chunks.py) and streamed (trainkit/data/streaming.py)."""
 
 import torch
+from trainkit.data.streaming import StreamingImageDataModule
+from trainkit.testing.training_samples import sample_ids
 
 from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
-from {{ cookiecutter.package_name }}.data.streaming_images import StreamingImageDataModule
-
-from ..training_samples import sample_ids
 
 
 def training_images(mnist_dir, mnist_chunks) -> torch.Tensor:

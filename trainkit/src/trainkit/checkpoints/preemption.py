@@ -67,7 +67,7 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         # Lightning also broadcasts its handler's flag from rank 0 before every training step and
         # waits for it. With its handler replaced that flag is never set, and the broadcast only
         # costs a synchronisation per step: 4-8% of the 2-process CPU throughput (bench/ in the
-        # template repository). tests/machinery/test_speed.py checks that the method still exists.
+        # template repository). The kit's tests/test_speed.py checks that the method still exists.
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:

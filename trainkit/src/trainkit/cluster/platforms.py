@@ -2,6 +2,8 @@
 
 Which launch a process belongs to, first match wins (`detect_platform`):
 
+0. A ClusterEnvironment of the project's own, named in `cluster.environments`, whose `detect()` says
+   the process runs on its platform.
 1. A launcher that starts every process itself: torchrun (TorchElastic's variables), then Slurm's
    srun. It wins over a node-level platform it runs in, as in Lightning ("TorchElastic has the
    highest priority since it can also be used inside SLURM"): torchrun in a SING container forms
@@ -20,6 +22,7 @@ Which launch a process belongs to, first match wins (`detect_platform`):
 Debug a launch without training: `python -m trainkit.cluster`.
 """
 
+import importlib
 import os
 import re
 import warnings
@@ -71,6 +74,10 @@ def platform_of(environment: ClusterEnvironment) -> Platform:
 def detect_platform(settings: ClusterSettings | None = None) -> Platform:
     """Which launch this process belongs to, by the precedence in this module's docstring."""
     settings = settings or ClusterSettings()
+    for class_path in settings.environments:
+        named = _environment_class(class_path)
+        if named.detect():
+            return platform_of(_build(named, settings))
     if TorchElasticEnvironment.detect():
         platform = Platform(
             "torchrun",
@@ -110,6 +117,24 @@ def detect_platform(settings: ClusterSettings | None = None) -> Platform:
     if any(name in os.environ for name in LSF_OR_MPI_VARIABLES):
         return Platform("LSF or MPI")
     return Platform("local", LightningEnvironment())
+
+
+def _environment_class(class_path: str) -> type[ClusterEnvironment]:
+    module, _, name = class_path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ClusterConfigError(f"cluster.environments: cannot import {class_path} ({error})") from None
+    if not (isinstance(found, type) and issubclass(found, ClusterEnvironment)):
+        raise ClusterConfigError(f"cluster.environments: {class_path} is not a ClusterEnvironment")
+    return found
+
+
+def _build(environment: type[ClusterEnvironment], settings: ClusterSettings) -> ClusterEnvironment:
+    """A platform that starts one process per node gets the cluster settings, as SING and POD do."""
+    if issubclass(environment, NodeLevelEnvironment):
+        return environment(settings.main_port, settings.address_timeout, settings.timeout)
+    return environment()
 
 
 # What LSF's job starter and MPI launchers (Open MPI, MPICH and Intel MPI, PMIx, MVAPICH) set in each process.

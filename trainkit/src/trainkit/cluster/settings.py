@@ -1,6 +1,6 @@
 """The `cluster:` section of the config: how the processes of a job find each other."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 DEFAULT_MAIN_PORT = 29500  # torch.distributed's own default; projects set theirs in configs/experiment.yaml
@@ -16,8 +16,11 @@ class ClusterSettings:
             different times and a headless service's DNS lags behind).
         timeout: how long a process waits for the others, to join the job or in a collective,
             before the job fails instead of hanging (torch's own default is 30 minutes).
+        environments: class paths of ClusterEnvironments of your own, for a platform trainkit does not
+            know; the first whose `detect()` is true runs the job, before the platforms trainkit knows.
     """
 
     main_port: int = DEFAULT_MAIN_PORT
     address_timeout: float = 300.0
     timeout: timedelta = timedelta(minutes=5)
+    environments: list[str] = field(default_factory=list)

@@ -1,0 +1,112 @@
+"""Run a project's `train.py` for real, as a user or a platform runs it, and read what the run left behind."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+# Variables a cluster sets: a test starts from an environment without any, then sets the ones it means.
+CLUSTER_PREFIXES = ("SING_", "SLURM_", "TORCHELASTIC_", "POD_", "PL_")
+CLUSTER_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "JOB_NAME", "SVC_NAME", "POD_NAMESPACE"}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env(**variables: str) -> dict[str, str]:
+    """This process's environment without any cluster variables, wandb offline, plus `variables`."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in CLUSTER_NAMES and not name.startswith(CLUSTER_PREFIXES)
+    }
+    env.update(WANDB_MODE="offline", PYTHONUNBUFFERED="1", **variables)
+    return env
+
+
+def quick_trainer_args(run_dir: Path) -> list[str]:
+    """A few steps on the CPU, the run's files in `run_dir`."""
+    return [
+        "--trainer.accelerator", "cpu",
+        "--trainer.max_epochs", "1",
+        "--trainer.limit_train_batches", "4",
+        "--trainer.limit_val_batches", "2",
+        "--trainer.default_root_dir", str(run_dir),
+        "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
+
+
+def quick_run_args(config: Path, run_dir: Path) -> list[str]:
+    """`fit` with the experiment `config` for a few steps of 32 samples, on the CPU."""
+    return ["--config", str(config), "--data.batch_size", "32", *quick_trainer_args(run_dir)]
+
+
+def whole_epochs(epochs: int = 2) -> list[str]:
+    """Whole epochs (not a few batches), so that an interruption can land mid-epoch."""
+    return ["--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches", "1.0"]
+
+
+def paced(marker: Path, at_step: int) -> list[str]:
+    """0.2 s a step, and the file `marker` once step `at_step` is done (pacing.PaceSteps)."""
+    return [
+        "--trainer.callbacks+=trainkit.testing.pacing.PaceSteps",
+        "--trainer.callbacks.marker", str(marker),
+        "--trainer.callbacks.at_step", str(at_step),
+    ]  # fmt: skip
+
+
+def run_train(project: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    """`python train.py ARGS` from the project's root, to its end: a CompletedProcess with its output."""
+    return subprocess.run(
+        [sys.executable, str(project / "train.py"), *args],
+        cwd=project,
+        env=env or clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_train(project: Path, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """`train.py` started as a platform starts a node: its own process group, output to a log file."""
+    return subprocess.Popen(
+        [sys.executable, str(project / "train.py"), *args],
+        cwd=project,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    """Return once `path` exists; a test failure if the process ends first or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, f"exited with {process.returncode}:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"{path.name} did not appear:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)
+
+
+def exit_code(process: subprocess.Popen, timeout: float, hang: str) -> int:
+    """The process's exit status; a test failure (after killing its whole group) if it runs past `timeout`."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(hang)
+
+
+def load(path: Path) -> dict:
+    """A checkpoint, as resuming loads it."""
+    return torch.load(path, weights_only=True, map_location="cpu")

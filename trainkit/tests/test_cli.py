@@ -1,0 +1,84 @@
+"""`train.py` itself, run as a user runs it."""
+
+import subprocess
+import sys
+
+import yaml
+
+from trainkit.cli import DEFAULTS
+
+from .helpers import PROJECT_ROOT, clean_env, quick_run_args, run_train
+
+
+def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(experiment, tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_train("fit", *quick_run_args(experiment, run_dir))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert (run_dir / "config.yaml").is_file()
+    assert "[local] node_rank=0 local_rank=0 global_rank=0 world_size=1" in first.stderr
+
+    # The same command again (a restarted job) must not refuse because of the first run's files.
+    second = run_train("fit", *quick_run_args(experiment, run_dir), "--trainer.max_epochs", "2")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "Restoring states from the checkpoint" in second.stdout + second.stderr
+
+
+def test_train_py_turns_the_garbage_collector_back_on_with_the_imports_frozen():
+    # train.py pauses the collector while torch and Lightning import: training must not run without it.
+    probe = "import gc, runpy; runpy.run_path('train.py'); print(gc.isenabled(), gc.get_freeze_count())"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    enabled, frozen = result.stdout.split()
+    assert enabled == "True"
+    assert int(frozen) > 100_000  # torch's and Lightning's objects, never scanned again
+
+
+def test_test_subcommand_reports_accuracy_from_a_checkpoint(experiment, tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_train("fit", *quick_run_args(experiment, run_dir)).returncode == 0
+    tested = run_train(
+        "test", *quick_run_args(experiment, run_dir), "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")
+    )
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    assert "test/acc" in tested.stdout
+
+
+def test_print_config_is_complete_and_reusable(experiment, tmp_path):
+    printed = run_train("fit", *quick_run_args(experiment, tmp_path / "run"), "--model.hidden", "64", "--print_config")
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    config = yaml.safe_load(printed.stdout)
+    assert config["model"]["class_path"] == "trainkit.testing.tiny.TinyClassifier"
+    assert config["model"]["init_args"]["hidden"] == 64
+    assert config["model"]["init_args"]["lr"] == 0.01  # from the model's own config file, which the experiment names
+    assert config["cluster"]["timeout"] == "0:05:00"
+    assert {"trainer", "data", "seed_everything", "ckpt_path"} <= config.keys()
+
+    saved = tmp_path / "printed.yaml"
+    saved.write_text(printed.stdout)
+    reused = run_train("fit", "--config", str(saved), "--print_config")
+    assert reused.returncode == 0, reused.stderr[-3000:]
+    assert yaml.safe_load(reused.stdout) == config
+
+
+def test_unknown_option_is_refused_with_its_name(experiment, tmp_path):
+    result = run_train("fit", *quick_run_args(experiment, tmp_path / "run"), "--model.hiden", "64")
+    assert result.returncode != 0
+    assert "hiden" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_wrong_cluster_variable_stops_before_training(experiment, tmp_path):
+    env = clean_env(SING_RANK="3", SING_WORLD_SIZE="2", SING_MASTER_ADDR="127.0.0.1")
+    result = run_train("fit", *quick_run_args(experiment, tmp_path / "run"), env=env, timeout=60)
+    assert result.returncode == 2
+    assert "error: SING_RANK=3 is outside 0..1 (SING_WORLD_SIZE=2)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_default_config_is_what_the_readme_says():
+    config = yaml.safe_load(DEFAULTS.read_text())  # the kit's, loaded before configs/experiment.yaml
+    assert config["ckpt_path"] == "last"
+    assert config["trainer"]["logger"]["class_path"].endswith("WandbLogger")

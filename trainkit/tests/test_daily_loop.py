@@ -1,0 +1,99 @@
+"""Day-to-day use: composed configs, another logger, what a run records, predictions, log-friendly progress."""
+
+import csv
+import subprocess
+from importlib import metadata
+
+import yaml
+
+from .helpers import EXPERIMENT, PROJECT_ROOT, quick_run_args, run_train
+
+
+def test_experiment_configs_compose_in_order(experiment, tmp_path):
+    # An experiment on top of the default one, only what differs (as configs/exp/bigger.yaml is).
+    bigger = tmp_path / "bigger.yaml"
+    bigger.write_text("trainer:\n  max_epochs: 10\nmodel:\n  hidden: 64\n  lr: 0.0005\ndata:\n  batch_size: 256\n")
+    printed = run_train("fit", "--config", str(experiment), "--config", str(bigger), "--print_config")
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    config = yaml.safe_load(printed.stdout)
+    model = config["model"]["init_args"]
+    assert model["hidden"] == 64 and config["trainer"]["max_epochs"] == 10  # from bigger.yaml
+    assert config["data"]["init_args"]["batch_size"] == 256
+    assert model["lr"] == 0.0005
+    assert model["dropout"] == 0.3  # from model/tiny_model.yaml, which the experiment names
+    experiment_file = yaml.safe_load(EXPERIMENT.read_text())
+    assert config["best_checkpoint"] == experiment_file["best_checkpoint"]  # kept from experiment.yaml
+    assert config["seed_everything"] == 42
+    # The kit's defaults, under the experiment: its callbacks and its logger, with the experiment's project.
+    assert any(callback["class_path"].endswith(".PreemptionCheckpoint") for callback in config["trainer"]["callbacks"])
+    logger = config["trainer"]["logger"]
+    assert logger["class_path"] == "trainkit.tracking.wandb_logger.WandbLogger"
+    assert logger["init_args"]["project"] == experiment_file["trainer"]["logger"]["init_args"]["project"]
+
+
+def test_csv_logger_records_config_code_version_and_cluster_setup(experiment, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("fit", *quick_run_args(experiment, run_dir), "--config", "configs/loggers/csv.yaml")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (run_dir / "wandb").exists()
+    version_dir = run_dir / "lightning_logs" / "version_0"
+    assert "val/acc" in (version_dir / "metrics.csv").read_text()
+    recorded = yaml.safe_load((version_dir / "hparams.yaml").read_text())
+    assert recorded["config"]["model"]["init_args"]["hidden"] == 32
+    assert recorded["config"]["trainer"]["default_root_dir"] == str(run_dir)
+    assert recorded["counts"] == {"num_nodes": 1, "devices_per_node": 1, "world_size": 1}
+    assert recorded["environment"]["platform"] == "local"
+    assert recorded["versions"]["lightning"] == metadata.version("lightning")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert recorded["git"]["commit"] == (commit.stdout.strip() if commit.returncode == 0 else None)
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["trainer"]["logger"]["class_path"].endswith("CSVLogger")
+
+
+def test_logger_switches_with_one_flag(experiment, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("fit", *quick_run_args(experiment, run_dir), "--config", "configs/loggers/tensorboard.yaml")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list(run_dir.glob("lightning_logs/version_0/events.out.tfevents.*"))
+
+
+def test_predict_writes_a_csv_a_person_can_open(experiment, tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_train("fit", *quick_run_args(experiment, run_dir), "--trainer.max_epochs", "2").returncode == 0
+    predicted = run_train("predict", *quick_run_args(experiment, run_dir), "--ckpt_path", "last")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    with (run_dir / "predictions.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == 160  # the whole test split
+    assert sorted(int(row["index"]) for row in rows) == list(range(160))
+    assert all(0 < float(row["confidence"]) <= 1 for row in rows)
+    assert sum(row["predicted"] == row["label"] for row in rows) > 0.5 * len(rows)
+
+
+def test_ckpt_path_best_finds_the_best_checkpoint_of_an_earlier_fit(experiment, tmp_path):
+    # Lightning knows "best" only in the process that ran fit; the command line finds it in checkpoints/.
+    run_dir = tmp_path / "run"
+    refused = run_train("test", *quick_run_args(experiment, run_dir), "--ckpt_path", "best")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    checkpoints = (run_dir / "checkpoints").resolve()
+    assert f"error: ckpt_path best: no checkpoints in {checkpoints}; run fit first or pass a checkpoint file" in (
+        refused.stderr.splitlines()
+    )
+    assert run_train("fit", *quick_run_args(experiment, run_dir), "--trainer.max_epochs", "2").returncode == 0
+    (best,) = checkpoints.glob("best-*.ckpt")
+    moved = tmp_path / "moved"  # as a run directory copied off a cluster: the recorded path is gone
+    run_dir.rename(moved)
+    tested = run_train("test", *quick_run_args(experiment, moved), "--ckpt_path", "best")
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    restored = f"Restoring states from the checkpoint path at {moved.resolve() / 'checkpoints' / best.name}"
+    assert restored in tested.stdout + tested.stderr
+
+
+def test_output_to_a_file_gets_log_lines_not_a_progress_bar(experiment, tmp_path):
+    args = quick_run_args(experiment, tmp_path / "run")
+    assert args[-2:] == ["--trainer.enable_progress_bar", "false"]
+    result = run_train("fit", *args[:-2], "--trainer.log_every_n_steps", "2")  # output captured: not a terminal
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "epoch 1/1 step 2/4 train/loss=" in result.stderr
+    assert "epoch 1/1 val/acc=" in result.stderr
+    assert "it/s" not in result.stdout + result.stderr  # what Lightning's progress bars show

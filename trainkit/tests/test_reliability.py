@@ -1,0 +1,303 @@
+"""The promises under preemption, restarts, lost nodes and bad input, each shown by doing the bad thing for real."""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+from trainkit.testing.training_samples import recorded
+
+from .conftest import streaming_run_args
+from .drills import (
+    STEPS_PER_EPOCH,
+    TWO_PROCESS_STEPS_PER_EPOCH,
+    exit_code,
+    full_epochs_args,
+    group_is_gone,
+    last_words,
+    load,
+    paced,
+    process_tree,
+    start,
+    wait_for,
+    whole_epochs,
+)
+from .helpers import clean_env, free_port, quick_run_args, run_train
+
+pytestmark = pytest.mark.slow
+
+
+def test_lightnings_process_watcher_spares_the_node_once_its_processes_leave_the_list(monkeypatch):
+    # After a preemption the processes Lightning started exit 143 before the first one; its watcher
+    # would SIGKILL the first one for that. PreemptionCheckpoint empties the launcher's list of
+    # processes, which the watcher reads: this fails if a Lightning release stops sharing that list.
+    killed = []
+    monkeypatch.setattr(os, "kill", lambda pid, signum: killed.append(pid))
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(143)"])
+    child.wait()
+
+    watched = [child]
+    watcher = _ChildProcessObserver(main_pid=os.getpid(), child_processes=watched)
+    assert watcher._run() and killed == [os.getpid()]  # a child exited non-zero: the node is killed
+
+    killed.clear()
+    watched = [child]
+    watcher = _ChildProcessObserver(main_pid=os.getpid(), child_processes=watched)
+    watched.clear()
+    assert watcher._run() and killed == []
+
+
+def test_sigterm_mid_epoch_saves_a_resumable_checkpoint_and_exits_143(experiment, tmp_path):
+    run_dir, marker, log = tmp_path / "run", tmp_path / "step-5", tmp_path / "train.log"
+    args = ["fit", *full_epochs_args(experiment, run_dir), "--trainer.devices", "2", *paced(marker, at_step=5)]
+    job = start(args, clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)  # to the job's first process only, as Kubernetes and Docker do
+    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
+    time.sleep(1)
+    assert group_is_gone(job), "a process of the job is still running"
+
+    checkpoints = run_dir / "checkpoints"
+    preempted = load(checkpoints / "preempted.ckpt")
+    assert preempted["global_step"] > 5 and preempted["global_step"] % TWO_PROCESS_STEPS_PER_EPOCH  # mid-epoch
+    assert preempted["optimizer_states"] and preempted["lr_schedulers"] and preempted["loops"]
+    assert any("RNGStateCheckpoint" in key for key in preempted["callbacks"])
+    assert not [path for path in checkpoints.iterdir() if path.name.startswith(".")], "temporary files left"
+
+    # The platform restarts the job with the same command: it resumes and finishes the planned steps.
+    restarted = run_train(*args)
+    assert restarted.returncode == 0, restarted.stderr[-4000:]
+    assert "preempted.ckpt" in restarted.stdout + restarted.stderr
+    assert load(checkpoints / "last.ckpt")["global_step"] == 2 * TWO_PROCESS_STEPS_PER_EPOCH
+    assert not (checkpoints / "preempted.ckpt").exists()
+
+
+def test_sigterm_to_every_process_of_the_job_still_saves_a_checkpoint(experiment, tmp_path):
+    # Slurm signals every process of a task, wandb's service process among them, which then ends;
+    # the run logs every step here, so a wandb call comes between the signal and the stop.
+    run_dir, marker, log = tmp_path / "run", tmp_path / "step-3", tmp_path / "train.log"
+    args = ["fit", *full_epochs_args(experiment, run_dir), "--trainer.devices", "2",
+            "--trainer.log_every_n_steps", "1", *paced(marker, at_step=3)]  # fmt: skip
+    job = start(args, clean_env(), log)
+    wait_for(marker, job, log)
+    tree = process_tree(job.pid)
+    assert any(Path(f"/proc/{pid}/comm").read_text().strip() == "wandb-core" for pid in tree)
+    for pid in tree:  # as Slurm does: wandb's service runs in a session of its own, out of the job's group
+        os.kill(pid, signal.SIGTERM)
+    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
+    assert load(run_dir / "checkpoints" / "preempted.ckpt")["global_step"] > 3
+
+
+def test_sigterm_during_the_sanity_check_ends_every_process_at_once_saving_nothing(experiment, tmp_path):
+    run_dir, marker, log = tmp_path / "run", tmp_path / "sanity-check", tmp_path / "train.log"
+    args = ["fit", *full_epochs_args(experiment, run_dir), "--trainer.devices", "2",
+            "--trainer.callbacks+=trainkit.testing.pacing.PaceSanityCheck",
+            "--trainer.callbacks.marker", str(marker)]  # fmt: skip
+    job = start(args, clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)  # before training starts: nothing to save yet
+    assert job.wait(timeout=10) == 143, log.read_text()[-4000:]
+    time.sleep(1)
+    assert group_is_gone(job), "a process of the job is still running"
+    assert not (run_dir / "checkpoints" / "preempted.ckpt").exists()
+
+
+def test_restart_resumes_exactly_and_continues_the_same_wandb_run(experiment, tmp_path):
+    uninterrupted = run_train("fit", *full_epochs_args(experiment, tmp_path / "a", epochs=2))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
+    first = run_train("fit", *full_epochs_args(experiment, tmp_path / "b", epochs=1))
+    assert first.returncode == 0, first.stderr[-4000:]
+    resumed = run_train("fit", *full_epochs_args(experiment, tmp_path / "b", epochs=2))
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+
+    expected, actual = (load(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("a", "b"))
+    assert actual["global_step"] == expected["global_step"] == 2 * STEPS_PER_EPOCH
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(tensor, actual["state_dict"][name]), f"{name} differs after resuming"
+
+    run_id = (tmp_path / "b" / "checkpoints" / "wandb-run-id").read_text()
+    offline_runs = sorted(path.name for path in (tmp_path / "b" / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 2 and all(name.endswith(f"-{run_id}") for name in offline_runs)
+
+
+@pytest.mark.parametrize(
+    ("data", "devices"),
+    [("in memory", 1), ("in memory", 2), ("streamed", 1), ("streamed", 2)],
+    ids=["in-memory-1-process", "in-memory-2-processes", "streamed-1-process", "streamed-2-processes"],
+)
+def test_a_mid_epoch_resume_trains_on_exactly_the_rest_of_the_epoch(data, devices, experiment, tiny_chunks, tmp_path):
+    """SIGTERM mid-epoch, then the same command: the same samples in the same order, and the same weights."""
+
+    def args(run: str, *extra: str) -> list[str]:
+        if data == "in memory":
+            run_args = quick_run_args(experiment, tmp_path / run)
+        else:
+            run_args = streaming_run_args(experiment, tiny_chunks, tmp_path / run)
+        return ["fit", *run_args, *whole_epochs(2), "--trainer.devices", str(devices), "--data.num_workers", "2",
+                "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples",
+                "--trainer.callbacks.out_dir", str(tmp_path / run / "samples"), *extra]  # fmt: skip
+
+    uninterrupted = run_train(*args("uninterrupted"))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
+
+    marker, log = tmp_path / "step-4", tmp_path / "interrupted.log"
+    job = start(args("resumed", *paced(marker, at_step=4)), clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
+    steps_per_epoch = len(recorded(tmp_path / "uninterrupted" / "samples", 0)[0]) // (32 if data == "in memory" else 16)
+    stopped_at = load(tmp_path / "resumed" / "checkpoints" / "preempted.ckpt")["global_step"]
+    assert stopped_at % steps_per_epoch, "the interruption must land mid-epoch"
+
+    resumed = run_train(*args("resumed"))
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output[-4000:]
+    assert "preempted.ckpt" in output and "not resumable" not in output
+
+    for rank in range(devices):
+        expected, actual = (recorded(tmp_path / run / "samples", rank) for run in ("uninterrupted", "resumed"))
+        assert actual == expected, f"rank {rank} trained on other samples, or in another order, after resuming"
+    expected, actual = (load(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("uninterrupted", "resumed"))
+    assert actual["global_step"] == expected["global_step"] == 2 * steps_per_epoch
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(tensor, actual["state_dict"][name]), f"{name} differs after resuming"
+
+
+def start_pod_nodes(args: list[str], port: int, nodes: range, tmp_path: Path) -> list[subprocess.Popen]:
+    common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return [start(args, clean_env(**common, RANK=str(rank)), tmp_path / f"node{rank}.log") for rank in nodes]
+
+
+def test_a_lost_node_ends_the_job_instead_of_hanging(experiment, tmp_path):
+    marker = tmp_path / "step-3"
+    args = ["fit", *full_epochs_args(experiment, tmp_path / "run"), "--trainer.devices", "2",
+            "--cluster.timeout", "0:00:20", *paced(marker, at_step=3)]  # fmt: skip
+    node0, node1 = start_pod_nodes(args, free_port(), range(2), tmp_path)
+    wait_for(marker, node0, tmp_path / "node0.log")
+    os.killpg(node1.pid, signal.SIGKILL)  # the whole node: its first process and the ones Lightning started
+    started = time.monotonic()
+    code = exit_code(node0, timeout=20 + 60, hang="the surviving node hung")
+    log = (tmp_path / "node0.log").read_text()
+    assert code != 0, log[-4000:]
+    assert time.monotonic() - started < 20 + 30
+    time.sleep(1)
+    assert group_is_gone(node0), "a process of the surviving node is still running"
+    last_line = last_words(tmp_path / "node0.log")
+    assert last_line.startswith("error:") and "lost contact" in last_line, log[-4000:]
+    assert "node 1 (host" in last_line and "global ranks 2, 3) probably died" in last_line, log[-4000:]
+    assert code == 75, log[-4000:]  # exit_codes.LOST_NODE: worth retrying
+
+
+def test_a_node_that_never_arrives_ends_the_job(experiment, tmp_path):
+    port = free_port()
+    args = ["fit", *quick_run_args(experiment, tmp_path / "run"), "--trainer.devices", "2"]
+    args += ["--cluster.timeout", "0:00:10"]
+    (node0,) = start_pod_nodes(args, port, range(1), tmp_path)
+    code = exit_code(node0, timeout=10 + 60, hang="node 0 waited forever for node 1")
+    log = (tmp_path / "node0.log").read_text()
+    assert code == 75, log[-4000:]  # exit_codes.LOST_NODE: worth retrying
+    last_line = last_words(tmp_path / "node0.log")
+    assert f"error: only 1 of 2 nodes joined at 127.0.0.1:{port} within 0:00:10: node 1 did not arrive" in last_line, (
+        log[-4000:]
+    )
+    assert "processes" not in log, "node 0 started its other processes before the job could form"
+
+
+def write_malicious_checkpoint(path: Path, proof: Path) -> None:
+    """A checkpoint whose unpickling would run a shell command (creating `proof`)."""
+
+    class RunsCode:
+        def __reduce__(self):
+            return os.system, (f"touch {proof}",)
+
+    torch.save({"state_dict": {}, "payload": RunsCode()}, path)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("unknown key", "hiden"),
+        ("wrong type in YAML", "max_epochs"),
+        ("data that cannot be read", "data.train_size must be at least 1"),
+        ("missing checkpoint", "does not exist"),
+        ("not a checkpoint", "is not a checkpoint"),
+        ("checkpoint that runs code", "refused to load"),
+    ],
+)
+def test_bad_input_is_refused_with_one_clear_message(experiment, tmp_path, case, message):
+    run_dir, proof = tmp_path / "run", tmp_path / "code-ran"
+    args = ["fit", *quick_run_args(experiment, run_dir)]
+    if case == "unknown key":
+        args += ["--model.hiden", "3"]
+    elif case == "wrong type in YAML":
+        (tmp_path / "bad.yaml").write_text("trainer:\n  max_epochs: three\n")
+        args += ["--config", str(tmp_path / "bad.yaml")]
+    elif case == "data that cannot be read":  # the data module's own error, raised in its setup
+        args += ["--data.train_size", "0"]
+    elif case == "missing checkpoint":
+        args += ["--ckpt_path", str(tmp_path / "nope.ckpt")]
+    elif case == "not a checkpoint":
+        (tmp_path / "notes.ckpt").write_text("not a checkpoint")
+        args += ["--ckpt_path", str(tmp_path / "notes.ckpt")]
+    else:
+        write_malicious_checkpoint(tmp_path / "evil.ckpt", proof)
+        assert zipfile.is_zipfile(tmp_path / "evil.ckpt")
+        args += ["--ckpt_path", str(tmp_path / "evil.ckpt")]
+
+    result = run_train(*args)
+    assert result.returncode != 0
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and message in error_lines[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert not proof.exists(), "loading the checkpoint ran its code"
+    assert not list(run_dir.rglob("*.ckpt")), "a checkpoint a later resume would pick up"
+
+
+def test_no_secret_reaches_logs_configs_or_checkpoints(experiment, tmp_path):
+    secret = "fake-wandb-key-" + "7f3a" * 8
+    env = clean_env(WANDB_API_KEY=secret, AWS_SECRET_ACCESS_KEY=secret)
+    del env["WANDB_MODE"]  # let the project choose: a key but no reachable server -> offline
+    result = run_train("fit", *quick_run_args(experiment, tmp_path / "run"), env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "logs offline" in result.stderr
+    assert secret not in result.stdout + result.stderr
+    written = [path for path in (tmp_path / "run").rglob("*") if path.is_file()]
+    assert any(path.suffix == ".ckpt" for path in written) and any(path.name == "config.yaml" for path in written)
+    for path in written:
+        assert secret.encode() not in path.read_bytes(), f"{path} holds the key"
+
+
+def test_checkpoints_load_without_running_code(tmp_path):
+    # What `--ckpt_path` relies on, checked directly: the atomic checkpoint IO loads with weights_only.
+    from trainkit.checkpoints.io import AtomicCheckpointIO
+    from trainkit.run.errors import ConfigError
+
+    proof = tmp_path / "code-ran"
+    write_malicious_checkpoint(tmp_path / "evil.ckpt", proof)
+    with pytest.raises(ConfigError, match="refused to load"):
+        AtomicCheckpointIO().load_checkpoint(tmp_path / "evil.ckpt")
+    assert not proof.exists()
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(tmp_path / "evil.ckpt", weights_only=True)
+
+
+def test_lost_processes_are_named_by_their_nodes():
+    from trainkit.run.diagnostics import Placement, nodes_of
+
+    placement = [Placement(node_rank=rank // 2, global_rank=rank, host=f"test-{rank // 2}") for rank in range(4)]
+    assert nodes_of([2, 3], placement) == "node 1 (host test-1, global ranks 2, 3)"
+    assert nodes_of([1], placement) == "node 0 (host test-0, global ranks 0, 1; rank 1 did not answer)"
+    both = (
+        "node 0 (host test-0, global ranks 0, 1; rank 0 did not answer)"
+        " and node 1 (host test-1, global ranks 2, 3; rank 3 did not answer)"
+    )
+    assert nodes_of([0, 3], placement) == both
+    assert nodes_of([], placement) == ""

@@ -1,0 +1,167 @@
+"""An ordinary training DataLoader, in a data module of the researcher's own, resumes mid-epoch exactly."""
+
+import json
+import math
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback, LightningDataModule, Trainer
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from trainkit.data.resumable import ResumableData, ResumableDataLoader, ResumableSampler
+from trainkit.testing.tiny import TinyClassifier
+from trainkit.testing.training_samples import recorded
+
+from .drills import load, paced, start, wait_for, whole_epochs
+from .helpers import clean_env, quick_trainer_args, run_train
+
+TRAIN_SIZE, BATCH_SIZE = 200, 8
+
+
+class TrainLoaders(LightningDataModule):
+    """A data module returning whatever training loader it is given (and no validation)."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        super().__init__()
+        self.loader = loader
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader
+
+
+class KeepBatches(Callback):
+    """Keeps the loader training used and the batches it trained on."""
+
+    def __init__(self) -> None:
+        self.batches: list = []
+
+    def on_train_start(self, trainer: Trainer, *args) -> None:
+        self.loader = trainer.train_dataloader
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module, batch, batch_idx: int) -> None:
+        self.batches.append(batch)
+
+
+def fit(data: LightningDataModule, batches: int | float = 2) -> KeepBatches:
+    """An epoch of training (its first `batches`) in this process, with the callback every run gets."""
+    kept = KeepBatches()
+    trainer = Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=batches, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[ResumableData(), kept])  # fmt: skip
+    trainer.fit(TinyClassifier(), data)
+    return kept
+
+
+def trained_on(run_dir: Path, rank: int) -> dict[int, list[str]]:
+    return recorded(run_dir / "samples", rank)
+
+
+def random_images(size: int) -> TensorDataset:
+    return TensorDataset(torch.randn(size, 1, 4, 4), torch.zeros(size, dtype=torch.long))
+
+
+def stacked(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A collate_fn of the researcher's own."""
+    features, labels = zip(*samples, strict=True)
+    return torch.stack(features), torch.stack(labels)
+
+
+def test_an_ordinary_loader_is_rebuilt_resumable_with_every_argument_it_was_given():
+    dataset = random_images(40)
+    loader = DataLoader(dataset, batch_size=6, shuffle=False, drop_last=True, collate_fn=stacked, num_workers=1,
+                        timeout=30)  # fmt: skip
+    data = TrainLoaders(loader)
+    kept = fit(data, batches=1.0)
+
+    rebuilt = kept.loader
+    assert isinstance(rebuilt, ResumableDataLoader) and isinstance(rebuilt.sampler, ResumableSampler)
+    assert rebuilt.dataset is dataset and not rebuilt.sampler.shuffle  # shuffle=False: in the dataset's order
+    options = (rebuilt.batch_size, rebuilt.drop_last, rebuilt.collate_fn, rebuilt.num_workers, rebuilt.timeout)
+    assert options == (6, True, stacked, 1, 30)
+    assert len(kept.batches) == 40 // 6  # the last, short batch dropped
+    assert torch.equal(torch.cat([features for features, _ in kept.batches]), dataset.tensors[0][:36])
+    assert not {"train_dataloader", "val_dataloader"} & vars(data).keys(), "the data module's own hooks after the fit"
+
+
+def test_a_shuffled_loader_takes_its_order_from_the_seed_and_the_epoch(monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    dataset = random_images(40)
+    kept = fit(TrainLoaders(DataLoader(dataset, batch_size=4, shuffle=True)))
+    sampler = kept.loader.sampler
+    assert sampler.shuffle and sampler.seed == 7 and sampler.epoch == 0
+    order = torch.randperm(40, generator=torch.Generator().manual_seed(7))  # DistributedSampler's, for epoch 0
+    assert torch.equal(torch.cat([features for features, _ in kept.batches]), dataset.tensors[0][order[:8]])
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        for _ in range(16):
+            yield torch.randn(1, 4, 4), torch.tensor(0)
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        DataLoader(Stream(), batch_size=4),
+        DataLoader(random_images(40), batch_size=4, sampler=[5, 0, 7, 2, 9, 1, 3, 4]),
+        DataLoader(random_images(40), batch_sampler=[[1, 2], [3, 4]]),
+    ],
+    ids=["iterable-dataset", "own-sampler", "own-batch-sampler"],
+)
+def test_loaders_with_an_order_of_their_own_are_left_as_they_are(loader):
+    kept = fit(TrainLoaders(loader))
+    assert kept.loader is loader
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("devices", "workers"), [(1, 0), (2, 0), (1, 2)], ids=["1-process", "2-processes", "1-process-2-workers"]
+)
+def test_sigterm_mid_epoch_then_the_same_command_trains_the_same_weights(devices, workers, experiment, tmp_path):
+    """A data module returning `DataLoader(dataset, batch_size=8, shuffle=True)`, preempted and restarted.
+
+    With workers, its loaders keep them between epochs (`persistent_workers`), as many do.
+    """
+    # Configs of their own, every argument given (JSON is YAML too).
+    model, data = tmp_path / "model.yaml", tmp_path / "data.yaml"
+    tiny_model = {"hidden": 32, "dropout": 0.3, "lr": 0.01}
+    tiny_data = {"train_size": TRAIN_SIZE, "val_size": 32, "test_size": 32, "batch_size": BATCH_SIZE,
+                 "num_workers": workers}  # fmt: skip
+    model.write_text(json.dumps({"class_path": "trainkit.testing.tiny.TinyClassifier", "init_args": tiny_model}))
+    data.write_text(json.dumps({"class_path": "trainkit.testing.tiny.TinyDataModule", "init_args": tiny_data}))
+
+    def args(run: str, *extra: str) -> list[str]:
+        return ["fit", "--config", str(experiment),
+                "--model", str(model), "--data", str(data), *quick_trainer_args(tmp_path / run), *whole_epochs(2),
+                "--trainer.devices", str(devices),
+                "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples",
+                "--trainer.callbacks.out_dir", str(tmp_path / run / "samples"), *extra]  # fmt: skip
+
+    uninterrupted = run_train(*args("uninterrupted"))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
+    first_epoch = [sample for rank in range(devices) for sample in trained_on(tmp_path / "uninterrupted", rank)[0]]
+    assert len(set(first_epoch)) == len(first_epoch) == TRAIN_SIZE, "each sample once an epoch, over all processes"
+
+    marker, log = tmp_path / "step-5", tmp_path / "interrupted.log"
+    job = start(args("resumed", *paced(marker, at_step=5)), clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
+    steps_per_epoch = math.ceil(TRAIN_SIZE / devices / BATCH_SIZE)
+    stopped_at = load(tmp_path / "resumed" / "checkpoints" / "preempted.ckpt")["global_step"]
+    assert stopped_at % steps_per_epoch, "the interruption must land mid-epoch"
+
+    resumed = run_train(*args("resumed"))
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output[-4000:]
+    assert "preempted.ckpt" in output and "not resumable" not in output
+
+    for rank in range(devices):
+        expected, actual = (trained_on(tmp_path / run, rank) for run in ("uninterrupted", "resumed"))
+        assert actual == expected, f"rank {rank} trained on other samples, or in another order, after resuming"
+    expected, actual = (load(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("uninterrupted", "resumed"))
+    assert actual["global_step"] == expected["global_step"] == 2 * steps_per_epoch
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(tensor, actual["state_dict"][name]), f"{name} differs after resuming"

@@ -1,0 +1,31 @@
+"""Your configs, checked without training: the experiment, and each config in configs/ on top of it, composes
+and names classes that import. They read configs/, so they check whatever model and data you put there."""
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import EXPERIMENT, PROJECT_ROOT, run_train
+
+CONFIGS = PROJECT_ROOT / "configs"
+NOT_TRAINING_CONFIGS = {EXPERIMENT, CONFIGS / "sweep.yaml"}  # the experiment itself, and a sweep file
+
+
+def option_for(config: Path) -> str:
+    """How a config is given: a model or data config replaces that section, any other is layered on top."""
+    section = config.relative_to(CONFIGS).parts[0]
+    return f"--{section}" if section in ("model", "data") else "--config"
+
+
+OVERLAYS = sorted(path for path in CONFIGS.rglob("*.yaml") if path not in NOT_TRAINING_CONFIGS)
+
+
+def test_the_experiment_composes():
+    printed = run_train("fit", "--config", str(EXPERIMENT), "--print_config")
+    assert printed.returncode == 0, printed.stderr[-3000:]
+
+
+@pytest.mark.parametrize("config", OVERLAYS, ids=[str(path.relative_to(CONFIGS)) for path in OVERLAYS])
+def test_each_config_composes_with_the_experiment(config):
+    printed = run_train("fit", "--config", str(EXPERIMENT), option_for(config), str(config), "--print_config")
+    assert printed.returncode == 0, printed.stderr[-3000:]
