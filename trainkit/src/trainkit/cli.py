@@ -13,6 +13,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+import torch.distributed as dist
 from jsonargparse import ArgumentError
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
@@ -50,7 +51,7 @@ from trainkit.run.config import (
 from trainkit.run.config_errors import OneLineErrorParser, one_line
 from trainkit.run.diagnostics import ExplainDistributedFailure, LogProcessPlacement, lost_contact
 from trainkit.run.errors import ConfigError
-from trainkit.run.exit_codes import CANNOT_WRITE, CONFIG_ERROR, LOST_NODE, PREEMPTED
+from trainkit.run.exit_codes import CANNOT_WRITE, CONFIG_ERROR, INTERRUPTED, LOST_NODE, PREEMPTED
 from trainkit.run.lock import lock_run_dir
 from trainkit.run.record import SaveRunRecord
 from trainkit.run.speed import use_fast_defaults
@@ -240,4 +241,21 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(LOST_NODE)
     except SIGTERMException:
         # Lightning ends a process stopped by SIGTERM outside training with status 0: it did not finish.
+        leave_process_group()
         sys.exit(PREEMPTED)
+    except SystemExit as stop:
+        if stop.code in (PREEMPTED, INTERRUPTED):  # every process stopped at the same step, after its checkpoint
+            leave_process_group()
+        raise
+    leave_process_group()
+
+
+def leave_process_group() -> None:
+    """End the process group while Python is still alive, after a run that ended in step with the others.
+
+    Left to the interpreter's exit, gloo's worker threads can still hold tensors whose release then needs
+    the interpreter: the process aborts (SIGABRT, "terminate called without an active exception", exit
+    134 instead of 0 or 143), now and then. Not after a lost node: ending a group whose peers are gone
+    can wait on them."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
