@@ -49,8 +49,9 @@ def main() -> None:
 
 def data_module(args: argparse.Namespace, batch_size: int):
     if args.chunks:
-        streaming = importlib.import_module(f"{args.package}.data.streaming_images")
-        return streaming.StreamingImageDataModule(args.chunks, batch_size=batch_size, num_workers=args.workers)
+        from trainkit.data.streaming import StreamingImageDataModule  # the kit's, in the project's src/
+
+        return StreamingImageDataModule(args.chunks, batch_size=batch_size, num_workers=args.workers)
     settings = init_args(args.config, "data")
     settings.update(data_dir=args.data_dir, download=False, batch_size=batch_size)
     return importlib.import_module(f"{args.package}.data.mnist").MNISTDataModule(**settings)
