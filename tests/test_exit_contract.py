@@ -1,7 +1,7 @@
 """One exit-status contract, and every launch recipe acting on it as documented.
 
 `trainkit/run/exit_codes.py` defines the statuses (2 configuration error, 74 a checkpoint not
-written, 75 lost node, 130 Ctrl-C, 143 preempted) and the README's "How a run ends" table repeats them:
+written, 75 lost node, 130 Ctrl-C, 143 preempted) and docs/failures.md's "How a run ends" table repeats them:
 both are parsed and compared. Then each recipe's decision is run, not read: the POD Job's
 podFailurePolicy evaluated the way the Job controller does for pods ending with each status; the
 sbatch script run by bash with an srun that ends with each status and an scontrol that records what
@@ -32,8 +32,7 @@ OTHER_FAILURES = (1, CANNOT_WRITE, 137)
 
 
 def exit_codes_module(project: Path) -> Path:
-    (path,) = (project / "src").glob("*/trainkit/run/exit_codes.py")
-    return path
+    return project / "src" / "trainkit" / "run" / "exit_codes.py"
 
 
 def constants(project: Path) -> dict[str, int]:
@@ -67,7 +66,7 @@ def docstring_table(project: Path) -> dict[int, tuple[str, ...]]:
 
 
 def readme_table(project: Path) -> dict[int, tuple[str, ...]]:
-    readme = (project / "README.md").read_text()
+    readme = (project / "docs" / "failures.md").read_text()
     section = readme.split("\n## How a run ends", 1)[1].split("\n## ", 1)[0]
     return markdown_table(section.splitlines())
 
