@@ -91,7 +91,7 @@ class ShardedStrategy(ModelParallelStrategy):
     def setup(self, trainer: Trainer) -> None:
         module = self.lightning_module
         name = type(module).__name__
-        how = "call fully_shard on its blocks over self.device_mesh['data_parallel'] (README: Sharded training)"
+        how = "call fully_shard on its blocks over self.device_mesh['data_parallel'] (docs/sharded.md)"
         if not is_overridden("configure_model", module):
             raise ConfigError(f"the sharded strategy needs {name}.configure_model() to shard the model: {how}")
         super().setup(trainer)
