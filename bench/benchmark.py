@@ -246,7 +246,7 @@ class Runner:
         """The measured data as chunks, written once by the project's own command."""
         chunks = self.args.out / "chunks"
         if not (chunks / "train" / "index.json").exists():
-            command = [sys.executable, "-m", "trainkit.data.chunks",
+            command = [sys.executable, "-m", "trainkit.chunks",
                        "--config", "configs/experiment.yaml", "--data.data_dir", str(self.data_dir),
                        "--data.download", "false", "--out", str(chunks)]  # fmt: skip
             self._run("chunks", command, self.env)

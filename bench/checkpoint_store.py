@@ -195,7 +195,7 @@ class Measurer:
     def stored_io(self, case: Case) -> Any:
         if case.name not in self.stored:
             object_store = importlib.import_module("trainkit.store.object_store")
-            stored_checkpoints = importlib.import_module("trainkit.store.checkpoints")
+            stored_checkpoints = importlib.import_module("trainkit.checkpoints.stored")
             store = object_store.open_store(f"s3://{BUCKET}/{slug(case.name)}", timeout=60.0)
             io = stored_checkpoints.StoredCheckpointIO(store, keep=self.keep)
             # Untimed: the run's first save also reads the pointer and opens the connections.
@@ -217,7 +217,7 @@ class Measurer:
         stored.wait()
         done = time.perf_counter()
         # Apart, after the upload: the hash the upload computes first, which a real bucket's upload pays too.
-        importlib.import_module("trainkit.store.checkpoints").sha256_of(folder / "stored" / "preempted.ckpt")
+        importlib.import_module("trainkit.checkpoints.stored").sha256_of(folder / "stored" / "preempted.ckpt")
         hashed = time.perf_counter()
         return {
             "bytes": (folder / "stored" / "preempted.ckpt").stat().st_size,

@@ -133,7 +133,7 @@ def test_sigterm_during_validation_ends_in_seconds_with_a_checkpoint(default_pro
 def real_chunks(default_project, real_mnist, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("chunks") / "mnist-chunks"
     package = default_project.name.replace("-", "_")
-    command = [sys.executable, "-m", "trainkit.data.chunks", "--config", "configs/experiment.yaml",
+    command = [sys.executable, "-m", "trainkit.chunks", "--config", "configs/experiment.yaml",
                *in_memory(real_mnist), "--out", str(out)]  # fmt: skip
     result = subprocess.run(command, cwd=default_project, env=launch_environment(default_project),
                             capture_output=True, text=True, timeout=600, check=False)  # fmt: skip

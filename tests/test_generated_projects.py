@@ -47,7 +47,7 @@ def test_streamed_real_digits_train_like_in_memory(default_project, real_mnist, 
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
 
-    project_command("-m", "trainkit.data.chunks", "--config", "configs/experiment.yaml",
+    project_command("-m", "trainkit.chunks", "--config", "configs/experiment.yaml",
                     "--data.data_dir", str(real_mnist), "--data.download", "false", "--out", str(chunks))  # fmt: skip
     common = ["--config", "configs/experiment.yaml", "--data", "configs/data/streaming_images.yaml", "--data.input_dir",
               str(chunks), "--trainer.default_root_dir", str(run), "--trainer.max_epochs", "1"]  # fmt: skip

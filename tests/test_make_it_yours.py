@@ -228,7 +228,7 @@ def test_chunks_of_the_folder_stream_as_well_as_it_trains_in_memory(
     chunks = tmp_path / "chunks"
     package = project.name.replace("-", "_")
     # Small chunks, so that a class-sorted order would leave whole chunks of one class.
-    project_command(project, "-m", "trainkit.data.chunks", "--config", "configs/experiment.yaml",
+    project_command(project, "-m", "trainkit.chunks", "--config", "configs/experiment.yaml",
                     *in_memory(image_folder), "--out", str(chunks), "--chunk_bytes", "200KB",
                     "--workers", "2")  # fmt: skip
     assert len(json.loads((chunks / "train" / "index.json").read_text())["chunks"]) > 5

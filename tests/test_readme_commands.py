@@ -56,7 +56,7 @@ def sweep_options(command: str) -> list[str]:
 RUN_HERE = {
     "python train.py ": small_run,
     "NPROC_PER_NODE=2 bash launch/torchrun/single_node.sh": small_run,  # 2 processes over gloo
-    "python -m trainkit.data.chunks ": lambda command: [],
+    "python -m trainkit.chunks ": lambda command: [],
     "python -m trainkit.sweep ": sweep_options,
     "python -m trainkit.checkpoints.provenance ": lambda command: [],
     # Offline: the project's dependencies and extras resolve from this environment; nothing is installed.

@@ -4,7 +4,7 @@
 """
 
 # Imported first, before torch and Lightning: from here on SIGTERM and Ctrl-C stop the job cleanly.
-from trainkit.run.startup import main
+from trainkit.startup import main
 
 if __name__ == "__main__":
     main()

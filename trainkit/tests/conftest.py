@@ -32,7 +32,7 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_chunks(experiment: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny data converted into chunks by the project's own command."""
     out = tmp_path_factory.mktemp("chunks") / "tiny-chunks"
-    command = [sys.executable, "-m", "trainkit.data.chunks", "--config", str(experiment),
+    command = [sys.executable, "-m", "trainkit.chunks", "--config", str(experiment),
                "--out", str(out), "--workers", "2"]  # fmt: skip
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

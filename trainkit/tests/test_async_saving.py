@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from trainkit.checkpoints.io import AtomicCheckpointIO, CheckpointNotWritten
 from trainkit.checkpoints.saving import CheckpointSavingSettings, wait_for_checkpoints
-from trainkit.store.checkpoints import StoredCheckpointIO
+from trainkit.checkpoints.stored import StoredCheckpointIO
 from trainkit.store.object_store import FsspecStore
 
 from .drills import exit_code, full_epochs_args, last_words, load, paced, start, wait_for, with_periodic

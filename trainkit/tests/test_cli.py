@@ -3,9 +3,11 @@
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from trainkit.cli import DEFAULTS
+from trainkit.testing.configs import print_config
 
 from .helpers import PROJECT_ROOT, clean_env, quick_run_args, run_train
 
@@ -82,3 +84,11 @@ def test_default_config_is_what_the_readme_says():
     config = yaml.safe_load(DEFAULTS.read_text())  # the kit's, loaded before configs/experiment.yaml
     assert config["ckpt_path"] == "last"
     assert config["trainer"]["logger"]["class_path"].endswith("WandbLogger")
+
+
+def test_configs_compose_in_the_tests_own_process_as_train_py_composes_them(experiment, tmp_path):
+    assert "class_path: trainkit.testing.tiny.TinyClassifier" in print_config("fit", "--config", str(experiment))
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text("model:\n  class_path: trainkit.testing.tiny.TinyClasifier\n")
+    with pytest.raises(AssertionError, match="has no attribute 'TinyClasifier'"):
+        print_config("fit", "--config", str(experiment), "--config", str(misspelt))

@@ -41,7 +41,7 @@ def test_the_local_sweep_without_optuna(tmp_path):
 
 
 def test_chunks_without_litdata(experiment, tmp_path):
-    command = [sys.executable, "-m", "trainkit.data.chunks", "--config", str(experiment), "--out", str(tmp_path / "c")]
+    command = [sys.executable, "-m", "trainkit.chunks", "--config", str(experiment), "--out", str(tmp_path / "c")]
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=without(tmp_path, "litdata"), capture_output=True,
                             text=True, timeout=300)  # fmt: skip
     assert_one_line_naming_the_extra(result, "litdata", "streaming")

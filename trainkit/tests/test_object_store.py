@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from trainkit.checkpoints.resume import newer_from_store
-from trainkit.store.checkpoints import StoredCheckpointIO, family, stored_name
+from trainkit.checkpoints.stored import StoredCheckpointIO, family, stored_name
 from trainkit.store.object_store import FsspecStore, StoreConflict, StoreError, open_store
 
 from .drills import (

@@ -27,8 +27,8 @@ from trainkit.checkpoints.path import (
 )
 from trainkit.checkpoints.resume import newer_from_store, resume_checkpoint
 from trainkit.checkpoints.sharded_format import META_FILE, checkpoint_size, commit
+from trainkit.checkpoints.stored import FOLDER, POINTER, sha256_of, stored_name
 from trainkit.run.errors import ConfigError
-from trainkit.store.checkpoints import FOLDER, POINTER, sha256_of, stored_name
 from trainkit.store.object_store import FsspecStore
 from trainkit.testing.tiny import TinyClassifier, TinyDataModule
 

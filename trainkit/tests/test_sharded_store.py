@@ -21,7 +21,7 @@ from trainkit.checkpoints import resume
 from trainkit.checkpoints.path import find_best_checkpoint
 from trainkit.checkpoints.resume import newer_from_store
 from trainkit.checkpoints.sharded_format import COMMIT_MARKER, checkpoint_meta
-from trainkit.store.checkpoints import POINTER, StoredCheckpointIO, stored_versions
+from trainkit.checkpoints.stored import POINTER, StoredCheckpointIO, stored_versions
 from trainkit.store.object_store import FsspecStore, ObjectStore, open_store
 
 from .drills import exit_code, paced, start, wait_for

@@ -1,4 +1,4 @@
-"""Streaming: chunks written by trainkit.data.chunks, read by streaming_images.py, shared by processes and workers."""
+"""Streaming: chunks written by trainkit.chunks, read by streaming_images.py, shared by processes and workers."""
 
 import json
 from collections import Counter

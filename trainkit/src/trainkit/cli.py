@@ -34,6 +34,12 @@ from trainkit.checkpoints.path import (
 )
 from trainkit.checkpoints.resume import resume_checkpoint
 from trainkit.checkpoints.saving import CheckpointSavingSettings
+from trainkit.checkpoints.stored import (
+    CheckpointNotStored,
+    CheckpointStoreSettings,
+    StoredCheckpointIO,
+    keep_run_id_in_store,
+)
 from trainkit.cluster.node_level import NodeLevelEnvironment
 from trainkit.cluster.platforms import detect_platform, platform_of
 from trainkit.cluster.process_counts import devices_per_node, num_nodes
@@ -53,19 +59,13 @@ from trainkit.run.diagnostics import ExplainDistributedFailure, LogProcessPlacem
 from trainkit.run.errors import ConfigError
 from trainkit.run.exit_codes import CANNOT_WRITE, CONFIG_ERROR, INTERRUPTED, LOST_NODE, PREEMPTED
 from trainkit.run.lock import lock_run_dir
-from trainkit.run.record import SaveRunRecord
 from trainkit.run.speed import use_fast_defaults
 from trainkit.run.stopping import stop_with_this_process
-from trainkit.store.checkpoints import (
-    CheckpointNotStored,
-    CheckpointStoreSettings,
-    StoredCheckpointIO,
-    keep_run_id_in_store,
-)
 from trainkit.store.lock import lock_store
 from trainkit.store.object_store import ObjectStore, StoreError, open_store
 from trainkit.strategies.sharded import ShardedStrategy
 from trainkit.tracking.progress import PlainProgress
+from trainkit.tracking.record import SaveRunRecord
 from trainkit.tracking.wandb_logger import choose_wandb_mode, keep_wandb_run_id
 
 # The kit's callbacks, logger and settings, loaded before the project's configs (which override them).

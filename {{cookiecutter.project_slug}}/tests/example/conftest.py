@@ -24,7 +24,7 @@ def mnist_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def mnist_chunks(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The synthetic MNIST converted into chunks by the project's own command."""
     out = tmp_path_factory.mktemp("chunks") / "mnist-chunks"
-    command = [sys.executable, "-m", "trainkit.data.chunks",
+    command = [sys.executable, "-m", "trainkit.chunks",
                "--config", str(EXPERIMENT), "--data.data_dir", str(mnist_dir),
                "--data.download", "false", "--out", str(out), "--workers", "2"]  # fmt: skip
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)

@@ -1,4 +1,4 @@
-"""Images in class folders (data/image_folder.py), and any image data module converted into chunks (data/chunks.py)."""
+"""Images in class folders (data/image_folder.py), and any image data module converted into chunks (trainkit/chunks.py)."""
 
 import subprocess
 import sys
@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
-from trainkit.data.chunks import datasets
+from trainkit.chunks import datasets
 from trainkit.data.streaming import StreamingImageDataModule
 from trainkit.run.errors import ConfigError
 
@@ -90,7 +90,7 @@ def test_a_folder_that_does_not_fit_is_named_in_one_line(tmp_path, case, message
 
 
 def convert(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "trainkit.data.chunks",
+    command = [sys.executable, "-m", "trainkit.chunks",
                "--config", str(PROJECT_ROOT / "configs" / "experiment.yaml"), "--workers", "1", *args]  # fmt: skip
     return subprocess.run(command, cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
 

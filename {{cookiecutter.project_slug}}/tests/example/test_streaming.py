@@ -1,4 +1,4 @@
-"""The example's data converted into chunks (trainkit/data/chunks.py) and streamed (trainkit/data/streaming.py)."""
+"""The example's data converted into chunks (trainkit/chunks.py) and streamed (trainkit/data/streaming.py)."""
 
 import torch
 from trainkit.data.streaming import StreamingImageDataModule

@@ -14,8 +14,8 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from trainkit.checkpoints.io import refusal_reason
 from trainkit.checkpoints.resume import damage, download_checkpoint, newer_from_store, newest_whole_checkpoint
 from trainkit.checkpoints.sharded_format import DCP_METADATA, checkpoint_meta, is_sharded
+from trainkit.checkpoints.stored import FOLDER
 from trainkit.run.errors import ConfigError
-from trainkit.store.checkpoints import FOLDER
 from trainkit.store.object_store import ObjectStore
 
 CHECKPOINT_ALIASES = ("last", "best", "hpc")

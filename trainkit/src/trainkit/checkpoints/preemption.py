@@ -20,8 +20,8 @@ from torch import Tensor
 from trainkit.checkpoints.disk import checkpoint_dirs, newest_checkpoint
 from trainkit.checkpoints.io import CheckpointNotWritten
 from trainkit.checkpoints.saving import wait_for_checkpoints
+from trainkit.checkpoints.stored import CheckpointNotStored, StoredCheckpointIO
 from trainkit.run import stopping
-from trainkit.store.checkpoints import CheckpointNotStored, StoredCheckpointIO
 
 log = logging.getLogger(__package__)
 

@@ -1,6 +1,6 @@
 """Where a checkpoint came from: the code, the image, the versions, the resolved config and the cluster setup.
 
-Every checkpoint a run saves carries it as `checkpoint["provenance"]` (run/record.py adds it; a
+Every checkpoint a run saves carries it as `checkpoint["provenance"]` (tracking/record.py adds it; a
 sharded checkpoint, a directory, in its meta.pt). Show it:
 `python -m trainkit.checkpoints.provenance runs/experiment/checkpoints/last.ckpt`,
 with `--config` for the resolved config that trained it.

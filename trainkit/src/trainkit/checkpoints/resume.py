@@ -11,7 +11,7 @@ The sharded strategy puts a new checkpoint in place of the old one with two rena
 job killed between them leaves its newest checkpoint only under a hidden name. The renames are
 finished first, so that it is a candidate under its own name.
 
-With a checkpoint store (store/checkpoints.py), a checkpoint there that is newer than any on this
+With a checkpoint store (checkpoints/stored.py), a checkpoint there that is newer than any on this
 disk (a new node or container, a fresh disk) is downloaded into the checkpoint directory first:
 the one the store's `latest` pointer names, checked against the pointer's hash, else the newest
 whole one. A sharded one is downloaded by every process into a hidden directory of its own and
@@ -39,8 +39,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from trainkit.checkpoints.disk import checkpoint_dirs
 from trainkit.checkpoints.io import refusal_reason
 from trainkit.checkpoints.sharded_format import COMMIT_MARKER, checkpoint_meta, is_sharded, sharded_damage
+from trainkit.checkpoints.stored import POINTER, StoredCheckpointIO, sha256_of, step_of, stored_versions
 from trainkit.run.errors import ConfigError
-from trainkit.store.checkpoints import POINTER, StoredCheckpointIO, sha256_of, step_of, stored_versions
 from trainkit.store.object_store import ObjectStore
 
 log = logging.getLogger(__package__)

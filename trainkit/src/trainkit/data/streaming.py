@@ -1,9 +1,9 @@
 """Images streamed from litdata chunks: the data path for datasets bigger than memory.
 
-    python -m trainkit.data.chunks --config configs/experiment.yaml --out data/mnist-chunks
+    python -m trainkit.chunks --config configs/experiment.yaml --out data/mnist-chunks
     python train.py fit --config configs/experiment.yaml --data configs/data/streaming_images.yaml
 
-The chunks (of any image data module, written by trainkit/data/chunks.py) may lie in a local folder,
+The chunks (of any image data module, written by trainkit/chunks.py) may lie in a local folder,
 on a shared file system or in an object store (`s3://...`, `gs://...`; litdata caches what it
 reads). Their `info/` says how many channels and classes the images have (the model is built
 for them) and how to normalise them. Every process reads its own share of the chunks and every
@@ -42,7 +42,7 @@ warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` 
 
 
 class EncodedImages(StreamingDataset):
-    """The samples data/chunks.py wrote, decoded: a uint8 image (channels, height, width) and its label."""
+    """The samples trainkit/chunks.py wrote, decoded: a uint8 image (channels, height, width) and its label."""
 
     def __getitem__(self, index: Any) -> tuple[Tensor, int]:
         sample = super().__getitem__(index)
@@ -162,7 +162,7 @@ def check_chunks(folder: str) -> None:
     if "://" in folder:
         return
     path = Path(folder).resolve()
-    convert = "write it with: python -m trainkit.data.chunks"
+    convert = "write it with: python -m trainkit.chunks"
     if not path.is_dir():
         raise ConfigError(f"chunk folder {path} does not exist; {convert}")
     try:
@@ -180,13 +180,13 @@ def check_chunks(folder: str) -> None:
 
 
 def chunk_info(input_dir: str) -> dict[str, Any]:
-    """What data/chunks.py found out about the images: in_channels, num_classes, and their per-channel mean and std."""
+    """What trainkit/chunks.py found out about the images: in_channels, num_classes, per-channel mean and std."""
     check_chunks(f"{input_dir}/info")
     return json.loads(StreamingDataset(f"{input_dir}/info")[0])
 
 
 class StreamingImageDataModule(LightningDataModule):
-    """Train/val/test images from the chunk folders data/chunks.py writes.
+    """Train/val/test images from the chunk folders trainkit/chunks.py writes.
 
     Args:
         input_dir: the folder or URL holding `info/`, `train/`, `val/` and `test/`.

@@ -1,1 +1,1 @@
-"""A process's life: start-up, stop signals, exit statuses, the run lock, diagnostics, config errors."""
+"""A process's life: stop signals, exit statuses, the run lock, diagnostics, config errors, missing extras."""

@@ -1,1 +1,1 @@
-"""Checkpoints kept in an object store (S3 and compatible), for a job restarted on a fresh disk."""
+"""The object store (S3 and compatible): a client for a bucket, and a run lock kept in it."""

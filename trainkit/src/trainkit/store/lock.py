@@ -63,7 +63,7 @@ def _keep_alive(store: ObjectStore, mine: dict[str, Any], version: str) -> None:
         try:
             version = store.write(LOCK_NAME, json.dumps(mine).encode(), replacing=version)
         except StoreConflict:
-            return  # taken over: this job's next pointer update fails and ends it (store/checkpoints.py)
+            return  # taken over: this job's next pointer update fails and ends it (checkpoints/stored.py)
         except StoreError:
             continue  # the store away for a moment: the next beat tries again
 

@@ -43,8 +43,8 @@ from trainkit.checkpoints.fit import mismatches, refuse_mismatches
 from trainkit.checkpoints.io import CheckpointNotWritten, os_error_behind
 from trainkit.checkpoints.saving import CheckpointSavingSettings, SaveTimes
 from trainkit.checkpoints.sharded_format import META_FILE, commit, sharded_damage
+from trainkit.checkpoints.stored import CheckpointNotStored, StoredCheckpointIO
 from trainkit.run.errors import ConfigError
-from trainkit.store.checkpoints import CheckpointNotStored, StoredCheckpointIO
 
 log = logging.getLogger(__package__)
 
@@ -123,7 +123,7 @@ class ShardedStrategy(ModelParallelStrategy):
                 if failure is None:
                     seconds = time.monotonic() - started
                     self._times.report(path, seconds, seconds)
-                    self.checkpoint_io.written(path, step)  # a checkpoint store uploads it (store/checkpoints.py)
+                    self.checkpoint_io.written(path, step)  # a checkpoint store uploads it (checkpoints/stored.py)
             self._raise_if_any(path, failure)
             return
         future = dcp.async_save(shards, checkpoint_id=partial, process_group=self._checkpoint_group)

@@ -1,1 +1,2 @@
-"""What a run reports: the wandb logger that never stops training, progress lines, predictions."""
+"""What a run reports: the wandb logger that never stops training, its record (config, provenance), progress
+lines, predictions."""

@@ -7,7 +7,7 @@
 Every image is decoded once, in `setup`, into one uint8 tensor per split; batches become
 normalised floats after they reach the device, with the per-channel mean and standard deviation
 of the training images. More images than memory holds: convert them to chunks once and stream
-them (trainkit/data/chunks.py, trainkit/data/streaming.py).
+them (trainkit/chunks.py, trainkit/data/streaming.py).
 """
 
 from pathlib import Path

@@ -7,7 +7,7 @@ where that work is cheapest. With `on_device: true` the tensors live on the GPU 
 cut there, so nothing is copied per step.
 
 Images of your own in class folders need no code: image_folder.py. Data too big for memory
-streams from chunks instead (trainkit/data/chunks.py writes them, streaming_images.py reads them).
+streams from chunks instead (trainkit/chunks.py writes them, streaming_images.py reads them).
 """
 
 import math

@@ -1,7 +1,7 @@
 """Convert the images of any data module into litdata chunks for the streaming data path, once:
 
-    python -m trainkit.data.chunks --config configs/experiment.yaml --out data/chunks
-    python -m trainkit.data.chunks --config configs/experiment.yaml \\
+    python -m trainkit.chunks --config configs/experiment.yaml --out data/chunks
+    python -m trainkit.chunks --config configs/experiment.yaml \\
         --data configs/data/image_folder.yaml --data.root data/images --out s3://my-bucket/images-chunks
 
 The data module is made from the config as `train.py` makes it (`--data`, `--data.<key>` as there),
