@@ -4,7 +4,6 @@ and names classes that import. They read configs/, so they check whatever model 
 from pathlib import Path
 
 import pytest
-
 from trainkit.testing.configs import print_config
 
 from .conftest import EXPERIMENT, PROJECT_ROOT

@@ -1,4 +1,4 @@
-"""Images in class folders (data/image_folder.py), and any image data module converted into chunks (trainkit/chunks.py)."""
+"""Images in class folders (data/image_folder.py), and any image data module made into chunks (trainkit/chunks.py)."""
 
 import subprocess
 import sys
