@@ -4,12 +4,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from trainkit.cli import DEFAULTS
 from trainkit.testing.configs import print_config
 
-from .helpers import PROJECT_ROOT, clean_env, quick_run_args, run_train
+from .helpers import PROJECT_ROOT, clean_env, quick_run_args, quick_trainer_args, run_train
 
 
 def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(experiment, tmp_path):
@@ -92,3 +93,18 @@ def test_configs_compose_in_the_tests_own_process_as_train_py_composes_them(expe
     misspelt.write_text("model:\n  class_path: trainkit.testing.tiny.TinyClasifier\n")
     with pytest.raises(AssertionError, match="has no attribute 'TinyClasifier'"):
         print_config("fit", "--config", str(experiment), "--config", str(misspelt))
+
+
+def test_a_model_that_does_not_log_the_monitored_metric_trains_to_the_end_saving_last_every_epoch(experiment, tmp_path):
+    # Lightning's own demo model and data logs no metric at all: the experiment's monitor costs no epoch.
+    run_dir = tmp_path / "run"
+    demo = ["--model", "lightning.pytorch.demos.boring_classes.BoringModel",
+            "--data", "lightning.pytorch.demos.boring_classes.BoringDataModule"]  # fmt: skip
+    result = run_train("fit", "--config", str(experiment), *quick_trainer_args(run_dir), *demo,
+                       "--trainer.max_epochs", "2")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if "best_checkpoint.monitor" in line]
+    assert len(said) == 1 and "validation logs no metric, not 'val/acc'" in said[0], result.stderr[-3000:]
+    checkpoints = run_dir / "checkpoints"
+    assert torch.load(checkpoints / "last.ckpt", weights_only=False)["epoch"] == 1  # saved at the end of both epochs
+    assert not list(checkpoints.glob("best*"))
