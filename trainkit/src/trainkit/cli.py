@@ -17,7 +17,7 @@ import torch.distributed as dist
 from jsonargparse import ArgumentError
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -213,7 +213,7 @@ def main(args: list[str] | None = None) -> None:
     try:
         ProjectCLI(
             LightningModule,
-            LightningDataModule,
+            None,  # any LightningDataModule, or none (`--data null`): a model may bring its own loaders
             subclass_mode_model=True,
             subclass_mode_data=True,
             save_config_callback=SaveRunRecord,
