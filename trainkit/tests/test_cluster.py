@@ -379,12 +379,37 @@ def test_num_nodes_is_the_users_on_a_single_node(environ):
     assert num_nodes(1, detect_platform()) == 1
 
 
-def test_validate_settings_checks_node_count_and_answers_the_roll_call(environ):
+def test_validate_settings_checks_the_node_count_and_answering_the_roll_call_is_apart(environ):
     environ({**POD_NODE_1, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": str(free_port())})
     env = PODEnvironment(address_timeout=1, timeout=timedelta(seconds=5))
     env.validate_settings(num_devices=2, num_nodes=1)
     with pytest.raises(ClusterConfigError, match=r"trainer\.num_nodes=3 but WORLD_SIZE=1"):
         env.validate_settings(num_devices=2, num_nodes=3)
+    env.call_the_roll(num_devices=2)  # the only node: it answers at once
+
+
+@pytest.mark.parametrize("environment", [SINGEnvironment, PODEnvironment])
+def test_validate_settings_checks_numbers_only_with_no_main_node_to_reach(environ, environment):
+    # Lightning calls it as a check of numbers: no name lookup, no connection, whatever the timeouts.
+    main = {"SING_MASTER_ADDR": "main.invalid", "MASTER_ADDR": "main.invalid", "MASTER_PORT": str(free_port())}
+    environ({**POD_NODE_1, "SING_RANK": "1", "SING_WORLD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2", **main})
+    env = environment(address_timeout=300, timeout=timedelta(minutes=5))
+    started = time.monotonic()
+    env.validate_settings(num_devices=2, num_nodes=2)
+    assert time.monotonic() - started < 1
+
+
+TORCHRUN_WORKER = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
+                   "TORCHELASTIC_RUN_ID": "job", "MASTER_ADDR": "main", "MASTER_PORT": "29500"}  # fmt: skip
+SRUN_TASK = {"SLURM_NTASKS": "4", "SLURM_JOB_NAME": "train", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
+             "SLURM_NODEID": "0", "SLURM_NNODES": "2", "RANK": "1", "WORLD_SIZE": "4"}  # fmt: skip
+
+
+@pytest.mark.parametrize("launched", [TORCHRUN_WORKER, SRUN_TASK], ids=["torchrun worker", "srun task"])
+@pytest.mark.parametrize("environment", [SINGEnvironment, PODEnvironment])
+def test_a_process_that_another_launcher_started_is_not_claimed(environ, environment, launched):
+    environ({**launched, "SING_RANK": "0", "SING_WORLD_SIZE": "2"})
+    assert not environment.detect()
 
 
 ANSWER_ROLL_CALL = """

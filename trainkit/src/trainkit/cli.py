@@ -158,6 +158,8 @@ class ProjectCLI(LightningCLI):
             callbacks=callbacks,
             **kwargs,
         )
+        if isinstance(platform.environment, NodeLevelEnvironment):
+            platform.environment.call_the_roll(trainer.num_devices)  # every node here, each with as many devices
         if config.get("ckpt_path") == "last":
             # The newest checkpoint that is whole, not only the newest (checkpoints/resume.py).
             found = resume_checkpoint(trainer)

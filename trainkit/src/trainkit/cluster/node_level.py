@@ -138,11 +138,16 @@ class NodeLevelEnvironment(ClusterEnvironment):
         self._world_size = size
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        # Runs in every process before Lightning starts a node's other processes.
+        # Lightning's check of the numbers, in every process; it touches no network (see `call_the_roll`).
         if num_nodes != self.num_nodes:
             raise ClusterConfigError(f"trainer.num_nodes={num_nodes} but {self.node_count_variable}={self.num_nodes}")
+
+    def call_the_roll(self, num_devices: int) -> None:
+        """Wait until the main node's name resolves, then check in with every node (cluster/roll_call.py), so that
+        a node that is missing or counts other devices is named before training. Called by the node's first
+        process once the Trainer is built, before Lightning starts the node's other processes."""
         if self.creates_processes_externally:
-            return  # a process Lightning started: its node's first process has checked
+            return  # a process Lightning started: its node's first process has answered
         wait_until_resolvable(self.main_address, self.address_timeout)
         # Kept open until the process group forms: on node 0 it is the store torch then reuses.
         self._roll_call_store = roll_call(

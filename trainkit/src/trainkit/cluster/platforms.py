@@ -25,16 +25,9 @@ Debug a launch without training: `python -m trainkit.cluster`.
 import importlib
 import os
 import re
-import warnings
 from dataclasses import dataclass
 
-from lightning.fabric.plugins.environments import (
-    ClusterEnvironment,
-    LightningEnvironment,
-    SLURMEnvironment,
-    TorchElasticEnvironment,
-)
-from lightning.fabric.utilities.warnings import PossibleUserWarning
+from lightning.fabric.plugins.environments import ClusterEnvironment, LightningEnvironment
 
 from trainkit.cluster.launch_variables import (
     ClusterConfigError,
@@ -43,6 +36,7 @@ from trainkit.cluster.launch_variables import (
     require_port,
     require_rank_and_size,
 )
+from trainkit.cluster.launchers import started_by_srun, started_by_torchrun
 from trainkit.cluster.node_level import NodeLevelEnvironment
 from trainkit.cluster.pod import PODEnvironment
 from trainkit.cluster.settings import ClusterSettings
@@ -78,7 +72,7 @@ def detect_platform(settings: ClusterSettings | None = None) -> Platform:
         named = _environment_class(class_path)
         if named.detect():
             return platform_of(_build(named, settings))
-    if TorchElasticEnvironment.detect():
+    if started_by_torchrun():
         platform = Platform(
             "torchrun",
             num_nodes=require_int("GROUP_WORLD_SIZE"),
@@ -88,7 +82,7 @@ def detect_platform(settings: ClusterSettings | None = None) -> Platform:
         )
         _refuse_a_launcher_on_fewer_nodes_than_sing(platform, settings.main_port)
         return platform
-    if _started_by_srun():
+    if started_by_srun():
         tasks_variable, tasks_per_node = _slurm_tasks_per_node()
         return Platform(
             "Slurm",
@@ -175,14 +169,6 @@ def _refuse_a_launcher_on_fewer_nodes_than_sing(launcher: Platform, main_port: i
         f" --rdzv-endpoint {main_address}:{main_port} --rdzv-id $SING_JOB_NAME,"
         " or without torchrun (Lightning then starts one process per GPU)"
     )
-
-
-def _started_by_srun() -> bool:
-    # Lightning's check also warns whenever srun is installed but did not start this process: on a
-    # machine with Slurm installed, every other launch (and every refused one) would print it first.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PossibleUserWarning)
-        return SLURMEnvironment.detect()
 
 
 def _slurm_tasks_per_node() -> tuple[str, int | None]:

@@ -3,6 +3,7 @@
 import os
 
 from trainkit.cluster.launch_variables import ClusterConfigError, require, require_rank_and_size
+from trainkit.cluster.launchers import started_by_a_launcher
 from trainkit.cluster.node_level import NodeLevelEnvironment
 
 
@@ -23,11 +24,10 @@ class PODEnvironment(NodeLevelEnvironment):
 
     @staticmethod
     def detect() -> bool:
-        """A pod's own process (RANK, no LOCAL_RANK), or one Lightning started in a pod (POD_WORLD_SIZE).
-
-        Call it after the launchers that start every process (torchrun, Slurm) were ruled out.
-        """
-        return "POD_WORLD_SIZE" in os.environ or ("RANK" in os.environ and "LOCAL_RANK" not in os.environ)
+        """A pod's own process (RANK, no LOCAL_RANK), or one Lightning started in a pod (POD_WORLD_SIZE); not one
+        that torchrun or srun started, which set RANK and WORLD_SIZE too."""
+        pod = "POD_WORLD_SIZE" in os.environ or ("RANK" in os.environ and "LOCAL_RANK" not in os.environ)
+        return pod and not started_by_a_launcher()
 
     def _read_node_rank_and_count(self) -> tuple[int, int]:
         if "POD_WORLD_SIZE" in os.environ:

@@ -3,6 +3,7 @@
 import os
 
 from trainkit.cluster.launch_variables import ClusterConfigError, require, require_rank_and_size
+from trainkit.cluster.launchers import started_by_a_launcher
 from trainkit.cluster.node_level import NodeLevelEnvironment
 
 
@@ -18,7 +19,8 @@ class SINGEnvironment(NodeLevelEnvironment):
 
     @staticmethod
     def detect() -> bool:
-        return "SING_RANK" in os.environ or "SING_WORLD_SIZE" in os.environ
+        """A SING node's process, or one Lightning started in it; not one that torchrun or srun started there."""
+        return ("SING_RANK" in os.environ or "SING_WORLD_SIZE" in os.environ) and not started_by_a_launcher()
 
     def _read_node_rank_and_count(self) -> tuple[int, int]:
         return require_rank_and_size("SING_RANK", "SING_WORLD_SIZE")
