@@ -374,6 +374,18 @@ def test_num_nodes_comes_from_the_platform(environ):
         num_nodes(3, platform)
 
 
+def test_a_manual_launch_reads_world_size_as_processes_where_num_nodes_is_given(environ):
+    environ({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "4", "NODE_RANK": "1"})
+    platform = detect_platform(trainer_num_nodes=2)
+    assert platform.name == "Lightning" and num_nodes(2, platform) == 2
+    environ({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "3", "NODE_RANK": "1"})
+    del os.environ[MANUAL_NUM_NODES]  # kept by the first process of a node; a new one here
+    with pytest.raises(
+        ClusterConfigError, match=r"WORLD_SIZE=3 is neither the number of nodes \(trainer.num_nodes=2\)"
+    ):
+        detect_platform(trainer_num_nodes=2)
+
+
 def test_num_nodes_is_the_users_on_a_single_node(environ):
     environ({})
     assert num_nodes(1, detect_platform()) == 1

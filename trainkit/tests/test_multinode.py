@@ -215,12 +215,17 @@ def test_torchrun_on_one_node_of_a_two_node_sing_job_is_refused_in_one_line(expe
     assert not (tmp_path / "reports").exists()
 
 
-def test_lightnings_manual_launch_on_two_nodes_of_two_processes(experiment, tmp_path):
+@pytest.mark.parametrize(
+    "world_size, num_nodes_flag",
+    [("4", ["--trainer.num_nodes", "2"]), ("2", [])],
+    ids=["WORLD_SIZE processes, num_nodes given (Lightning's docs)", "WORLD_SIZE nodes"],
+)
+def test_lightnings_manual_launch_on_two_nodes_of_two_processes(experiment, tmp_path, world_size, num_nodes_flag):
     # Lightning's documented launch on a general-purpose cluster: these four variables on each node.
     port = free_port()
-    envs = [clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK=str(rank))
+    envs = [clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=world_size, NODE_RANK=str(rank))
             for rank in range(2)]  # fmt: skip
-    command = node_level_command(experiment, tmp_path)
+    command = [*node_level_command(experiment, tmp_path), *num_nodes_flag]
     nodes = start_nodes([command, command], envs, tmp_path / "logs")
     wait_for_job(nodes, tmp_path / "logs")
     assert_one_job(tmp_path / "reports", num_nodes=2)

@@ -98,7 +98,10 @@ class ProjectCLI(LightningCLI):
             # LightningCLI reads the checkpoint right after parsing: check it first.
             check_checkpoint_path(config.get("ckpt_path"), config.get("weights_only"))
             # Before anything logs (the seed is set next): which platform, and this process's rank on it.
-            self.platform = None if names_a_cluster_environment(config.trainer) else detect_platform(config.cluster)
+            if names_a_cluster_environment(config.trainer):
+                self.platform = None
+            else:
+                self.platform = detect_platform(config.cluster, config.trainer.num_nodes)
             if self.platform is not None and isinstance(self.platform.environment, NodeLevelEnvironment):
                 self.platform.environment.use_rank_before_launch()
 

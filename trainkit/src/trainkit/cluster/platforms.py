@@ -12,8 +12,10 @@ Which launch a process belongs to, first match wins (`detect_platform`):
 2. A node-level platform: SING (SING_RANK, SING_WORLD_SIZE), or POD (RANK and WORLD_SIZE in a
    process that no launcher started; Kubeflow's PyTorchJob and Volcano set the same). The
    variables of both at once are refused.
-3. Lightning's manual launch: NODE_RANK (no RANK), WORLD_SIZE (the number of nodes), MASTER_ADDR
-   and MASTER_PORT on each node; Lightning's own LightningEnvironment runs it.
+3. Lightning's manual launch: NODE_RANK (no RANK), WORLD_SIZE, MASTER_ADDR and MASTER_PORT on each
+   node; Lightning's own LightningEnvironment runs it. WORLD_SIZE is read as Lightning's docs read it:
+   the number of processes, with `trainer.num_nodes` giving the nodes; or, without `trainer.num_nodes`,
+   as the number of nodes (the older reading).
 4. Otherwise a single node, or LSF's or an MPI launcher's processes, which Lightning's own
    environments run. Lightning probes MPI only where an MPI launcher's variables are set: its probe
    starts MPI in the process, which aborts it on a machine with mpi4py (most NVIDIA images) that
@@ -34,7 +36,6 @@ from trainkit.cluster.launch_variables import (
     require,
     require_int,
     require_port,
-    require_rank_and_size,
 )
 from trainkit.cluster.launchers import started_by_srun, started_by_torchrun
 from trainkit.cluster.node_level import NodeLevelEnvironment
@@ -65,7 +66,7 @@ def platform_of(environment: ClusterEnvironment) -> Platform:
     return Platform(type(environment).__name__, environment)
 
 
-def detect_platform(settings: ClusterSettings | None = None) -> Platform:
+def detect_platform(settings: ClusterSettings | None = None, trainer_num_nodes: int = 1) -> Platform:
     """Which launch this process belongs to, by the precedence in this module's docstring."""
     settings = settings or ClusterSettings()
     for class_path in settings.environments:
@@ -102,7 +103,7 @@ def detect_platform(settings: ClusterSettings | None = None) -> Platform:
     if PODEnvironment.detect():
         return platform_of(PODEnvironment(settings.main_port, settings.address_timeout, settings.timeout))
     if "NODE_RANK" in os.environ and (MANUAL_NUM_NODES in os.environ or not started_by_lightning):
-        return _lightnings_manual_launch()
+        return _lightnings_manual_launch(trainer_num_nodes)
     if "WORLD_SIZE" in os.environ and not started_by_lightning:
         raise ClusterConfigError(
             f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set without RANK (the POD platform's pod index)"
@@ -140,10 +141,13 @@ LSF_OR_MPI_VARIABLES = ("LSB_JOBID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_R
 MANUAL_NUM_NODES = "MANUAL_LAUNCH_NUM_NODES"
 
 
-def _lightnings_manual_launch() -> Platform:
-    """Lightning's launch on a general-purpose cluster: NODE_RANK, WORLD_SIZE nodes, MASTER_ADDR, MASTER_PORT."""
+def _lightnings_manual_launch(trainer_num_nodes: int) -> Platform:
+    """Lightning's launch on a general-purpose cluster: NODE_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT."""
     if MANUAL_NUM_NODES not in os.environ:
-        _, num_nodes = require_rank_and_size("NODE_RANK", "WORLD_SIZE")
+        num_nodes = _manual_num_nodes(require_int("WORLD_SIZE"), trainer_num_nodes)
+        node_rank = require_int("NODE_RANK")
+        if not 0 <= node_rank < num_nodes:
+            raise ClusterConfigError(f"NODE_RANK={node_rank} is outside 0..{num_nodes - 1} ({num_nodes} nodes)")
         if num_nodes > 1:
             require("MASTER_ADDR")  # on every node: LightningEnvironment would fall back to 127.0.0.1
         os.environ[MANUAL_NUM_NODES] = str(num_nodes)
@@ -152,6 +156,21 @@ def _lightnings_manual_launch() -> Platform:
     return Platform(
         "Lightning", LightningEnvironment(), num_nodes=require_int(MANUAL_NUM_NODES), num_nodes_variable="WORLD_SIZE"
     )
+
+
+def _manual_num_nodes(world_size: int, trainer_num_nodes: int) -> int:
+    """The nodes of a manual launch: `trainer.num_nodes` where given, WORLD_SIZE then counting their processes
+    (Lightning's docs); else WORLD_SIZE, the nodes (the older reading)."""
+    if world_size < 1:
+        raise ClusterConfigError(f"WORLD_SIZE={world_size} must be at least 1")
+    if trainer_num_nodes == 1:
+        return world_size
+    if world_size % trainer_num_nodes:
+        raise ClusterConfigError(
+            f"WORLD_SIZE={world_size} is neither the number of nodes (trainer.num_nodes={trainer_num_nodes}) nor"
+            f" the processes of {trainer_num_nodes} nodes (a multiple of it)"
+        )
+    return trainer_num_nodes
 
 
 def _refuse_a_launcher_on_fewer_nodes_than_sing(launcher: Platform, main_port: int) -> None:
