@@ -1,5 +1,6 @@
 """`train.py` itself, run as a user runs it."""
 
+import os
 import subprocess
 import sys
 
@@ -116,3 +117,47 @@ def test_a_model_that_brings_its_own_loaders_trains_with_data_null(experiment, t
                        "--model", "lightning.pytorch.demos.boring_classes.BoringModel", "--data", "null")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
+
+
+RESEARCHERS_DATA = """
+from lightning.pytorch import LightningDataModule
+from trainkit.run.errors import ConfigError
+
+
+class RefusesInInit(LightningDataModule):
+    def __init__(self, root: str = "corpus") -> None:
+        super().__init__()
+        raise ConfigError(f"data.root {root!r} holds no text files")
+
+
+class OpensInInit(LightningDataModule):
+    def __init__(self, root: str = "corpus.txt") -> None:
+        super().__init__()
+        open(root)
+
+
+class OpensInSetup(LightningDataModule):
+    def setup(self, stage: str) -> None:
+        open("corpus/train.txt")
+"""
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ("researchers_data.RefusesInInit", "error: data.root 'corpus' holds no text files"),
+        ("researchers_data.OpensInInit", "error: [Errno 2] No such file or directory: 'corpus.txt'"),
+        ("researchers_data.OpensInSetup", "error: [Errno 2] No such file or directory: 'corpus/train.txt'"),
+        ("configs/data/text_copus.yaml", "error: data: configs/data/text_copus.yaml: no such config file"),
+    ],
+    ids=["ConfigError in __init__", "missing file in __init__", "missing file in setup", "misspelt config path"],
+)
+def test_the_researchers_data_module_refusing_its_input_is_one_line(experiment, tmp_path, data, message):
+    (tmp_path / "researchers_data.py").write_text(RESEARCHERS_DATA)
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))
+    result = run_train(
+        "fit", "--config", str(experiment), *quick_trainer_args(tmp_path / "run"), "--data", data, env=env
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if "Error" in line or line.startswith("error:")]
+    assert errors == [message], result.stderr[-3000:]

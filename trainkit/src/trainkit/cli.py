@@ -54,7 +54,7 @@ from trainkit.run.config import (
     put_outputs_under_root_dir,
     use_sweep_run_dir,
 )
-from trainkit.run.config_errors import OneLineErrorParser, one_line
+from trainkit.run.config_errors import OneLineErrorParser, mistake_in_the_researchers_code, one_line
 from trainkit.run.diagnostics import ExplainDistributedFailure, LogProcessPlacement, lost_contact
 from trainkit.run.errors import ConfigError
 from trainkit.run.exit_codes import CANNOT_WRITE, CONFIG_ERROR, INTERRUPTED, LOST_NODE, PREEMPTED
@@ -240,6 +240,10 @@ def main(args: list[str] | None = None) -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(LOST_NODE)
     except Exception as error:
+        mistake = mistake_in_the_researchers_code(error)
+        if mistake is not None:
+            print(f"error: {mistake}", file=sys.stderr)
+            sys.exit(CONFIG_ERROR)
         if not lost_contact(error):
             raise
         traceback.print_exception(error)  # ends with the line naming the lost node

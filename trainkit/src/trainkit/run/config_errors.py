@@ -8,16 +8,21 @@ the line `main` prints. `--help` still prints the usage.
 
 import os
 import re
+import traceback
 
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 from pydantic import ValidationError
 from yaml import MarkedYAMLError
 
+from trainkit.run.errors import ConfigError
 from trainkit.run.extras import missing_extra
 
 PARSER_KEY = re.compile(r'^Parser key "([^"]+)":')
 CLASS_NAME = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")  # <class 'int'> -> int
+NOT_AN_IMPORT_PATH = "Unexpected import path format:"
+# Where the researcher's data module and model prepare their data: a file missing there is bad input.
+PREPARING = ("prepare_data", "setup")
 
 
 class OneLineErrorParser(LightningArgumentParser):
@@ -63,6 +68,27 @@ def _reason(error: BaseException) -> str:
     install = missing_extra(message)
     if install is not None:  # a class_path whose module imports an optional package that is not installed
         return install
+    if message.startswith(NOT_AN_IMPORT_PATH):  # `--data configs/data/x.yaml` where no such file is
+        value = message.removeprefix(NOT_AN_IMPORT_PATH).strip()
+        if value.endswith((".yaml", ".yml", ".json")) or os.sep in value:
+            return f"{value}: no such config file"
     if message.startswith("Unexpected config:"):  # the file is not a mapping: empty, a list or a lone value
         return "holds no settings (a config maps keys such as trainer, model and data to values)"
     return CLASS_NAME.sub(r"\1", " ".join(message.split()))
+
+
+def mistake_in_the_researchers_code(error: BaseException) -> str | None:
+    """The line to say instead of a traceback when the researcher's data module or model refused its input: a
+    ConfigError, or a missing file, raised while it was built (jsonargparse wraps it), or while it prepared its
+    data. None for anything else: a failure in their forward keeps its traceback, they need it."""
+    building = any(frame.name == "instantiate_classes" for frame in traceback.extract_tb(error.__traceback__))
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ConfigError):
+            return one_line(error)
+        if isinstance(cause, FileNotFoundError):
+            preparing = any(frame.name in PREPARING for frame in traceback.extract_tb(cause.__traceback__))
+            if building or preparing:
+                return one_line(error)
+        cause = cause.__cause__ or cause.__context__
+    return None
