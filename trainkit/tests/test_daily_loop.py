@@ -4,9 +4,14 @@ import csv
 import subprocess
 from importlib import metadata
 
+import pytest
+import torch
 import yaml
+from lightning.pytorch import Trainer
 
-from .helpers import EXPERIMENT, PROJECT_ROOT, quick_run_args, run_train
+from trainkit.tracking.predictions import PredictionWriter
+
+from .helpers import EXPERIMENT, PROJECT_ROOT, quick_run_args, quick_trainer_args, run_train
 
 
 def test_experiment_configs_compose_in_order(experiment, tmp_path):
@@ -97,3 +102,37 @@ def test_output_to_a_file_gets_log_lines_not_a_progress_bar(experiment, tmp_path
     assert "epoch 1/1 step 2/4 train/loss=" in result.stderr
     assert "epoch 1/1 val/acc=" in result.stderr
     assert "it/s" not in result.stdout + result.stderr  # what Lightning's progress bars show
+
+
+def test_predict_writes_what_any_model_returns(experiment, tmp_path):
+    # Lightning's demo model predicts a tensor of two numbers per sample from loaders of its own.
+    run_dir = tmp_path / "run"
+    demo = ["--model", "lightning.pytorch.demos.boring_classes.BoringModel", "--data", "null"]
+    args = ["--config", str(experiment), *quick_trainer_args(run_dir), *demo]
+    assert run_train("fit", *args).returncode == 0
+    predicted = run_train("predict", *args, "--ckpt_path", "last")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    with (run_dir / "predictions.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == 64 and list(rows[0]) == ["index", "prediction"]  # RandomDataset(32, 64)
+    assert all(len(row["prediction"].split()) == 2 for row in rows)
+
+
+@pytest.mark.parametrize(
+    ("returned", "header", "first_row"),
+    [
+        (torch.tensor([0.5, 0.25]), ["index", "prediction"], ["10", "0.5"]),
+        ({"text": ["ab", "cd"], "logits": torch.ones(2, 3)}, ["index", "text", "logits"], ["10", "ab", "1.0 1.0 1.0"]),
+        ({"loss": torch.tensor(0.5), "id": [7, 8]}, ["index", "loss", "id"], ["10", "0.5", "7"]),
+    ],
+    ids=["a tensor", "texts and logits", "a value for the whole batch"],
+)
+def test_the_prediction_writer_writes_a_column_per_returned_value(tmp_path, returned, header, first_row):
+    writer = PredictionWriter(str(tmp_path))
+    trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    writer.on_predict_epoch_start(trainer, None)
+    writer.write_on_batch_end(trainer, None, returned, [10, 11], None, 0, 0)
+    writer.on_predict_epoch_end(trainer, None)
+    with (tmp_path / "predictions.csv").open() as file:
+        rows = list(csv.reader(file))
+    assert rows[0] == header and rows[1] == first_row and len(rows) == 3

@@ -1,6 +1,7 @@
 """Write what `python train.py predict` computes to a CSV file a person can open."""
 
 import csv
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,16 +11,19 @@ from torch import Tensor
 
 
 class PredictionWriter(BasePredictionWriter):
-    """One row per image: its index in the dataset, the predicted class, the confidence and the label.
+    """One row per sample: its index in the dataset, then what `predict_step` returned for it.
 
-    With several processes each writes its own part, `predictions-rank<N>.csv`.
+    `predict_step` may return a tensor (one column, `prediction`), a dict of them (a column per key: a classifier's
+    `predicted`, `confidence` and `label`), or per-sample lists such as generated text. A sample's value of more
+    than one number (logits, a token sequence) is written as its numbers separated by spaces. With several
+    processes each writes its own part, `predictions-rank<N>.csv`.
     """
 
     def __init__(self, output_dir: str | None = None) -> None:
         super().__init__(write_interval="batch")
         # output_dir None: the command line puts the file in trainer.default_root_dir.
         self.output_dir = Path(output_dir or ".")
-        self._rows: list[list[Any]] = []
+        self._rows: list[dict[str, Any]] = []
 
     def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._rows = []
@@ -28,21 +32,45 @@ class PredictionWriter(BasePredictionWriter):
         self,
         trainer: Trainer,
         pl_module: LightningModule,
-        prediction: dict[str, Tensor],
-        batch_indices: list[int] | None,
+        prediction: Any,
+        batch_indices: Sequence[int] | None,
         batch: Any,
         batch_idx: int,
         dataloader_idx: int,
     ) -> None:
-        count = len(prediction["predicted"])
-        indices = batch_indices if batch_indices is not None else [None] * count
-        columns = (prediction[key].tolist() for key in ("predicted", "confidence", "label"))
-        self._rows.extend([index, *values] for index, *values in zip(indices, *columns, strict=True))
+        if prediction is None:
+            return
+        columns = prediction if isinstance(prediction, Mapping) else {"prediction": prediction}
+        cells = {name: per_sample(value) for name, value in columns.items()}
+        count = max(len(values) for values in cells.values())
+        indices = list(batch_indices) if batch_indices is not None else [""] * count
+        for row, index in enumerate(indices):
+            values = {name: values[row] if len(values) > 1 else values[0] for name, values in cells.items()}
+            self._rows.append({"index": index, **values})
 
     def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         name = "predictions.csv" if trainer.world_size == 1 else f"predictions-rank{trainer.global_rank}.csv"
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        header = list(dict.fromkeys(column for row in self._rows for column in row)) or ["index"]
         with (self.output_dir / name).open("w", newline="") as file:
-            writer = csv.writer(file)
-            writer.writerow(["index", "predicted", "confidence", "label"])
+            writer = csv.DictWriter(file, fieldnames=header)
+            writer.writeheader()
             writer.writerows(self._rows)
+
+
+def per_sample(value: Any) -> list[Any]:
+    """A batch's value as one cell per sample; a single value (a number for the whole batch) as one cell."""
+    if isinstance(value, Tensor):
+        value = value.detach().cpu()
+        if value.ndim == 0:
+            return [value.item()]
+    if isinstance(value, Tensor) or (isinstance(value, Sequence) and not isinstance(value, str)):
+        return [cell(sample) for sample in value]
+    return [value]
+
+
+def cell(sample: Any) -> Any:
+    """A number, a text, or a sample's numbers separated by spaces (logits, a token sequence)."""
+    if isinstance(sample, Tensor):
+        return sample.item() if sample.numel() == 1 else " ".join(map(str, sample.flatten().tolist()))
+    return sample
