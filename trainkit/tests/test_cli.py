@@ -161,3 +161,18 @@ def test_the_researchers_data_module_refusing_its_input_is_one_line(experiment, 
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "Error" in line or line.startswith("error:")]
     assert errors == [message], result.stderr[-3000:]
+
+
+def test_a_fresh_run_and_its_rerun_print_nothing_a_researcher_cannot_act_on(experiment, tmp_path):
+    periodic = tmp_path / "periodic.yaml"  # a save every 2 steps: a line a save would print shows 2 times and more
+    periodic.write_text(DEFAULTS.read_text().replace("every_minutes: 10", "every_n_steps: 2"))
+    args = [*quick_run_args(experiment, tmp_path / "run"), "--config", str(periodic)]
+    outputs = {}
+    for run in ("fresh", "rerun"):
+        result = run_train("fit", *args, "--trainer.max_epochs", "1" if run == "fresh" else "2")
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs[run] = output = result.stdout + result.stderr
+        for noise in ("weights_only", "exists and is not empty", "Tip:", "anonymous setting", "LeafSpec"):
+            assert noise not in output, f"{run}: {noise!r} in\n{output[-3000:]}"
+    said = [line for line in outputs["fresh"].splitlines() if line.startswith("no checkpoint in")]
+    assert said == [f"no checkpoint in {tmp_path / 'run' / 'checkpoints'}: training from the start"], said

@@ -59,6 +59,7 @@ from trainkit.run.diagnostics import ExplainDistributedFailure, LogProcessPlacem
 from trainkit.run.errors import ConfigError
 from trainkit.run.exit_codes import CANNOT_WRITE, CONFIG_ERROR, INTERRUPTED, LOST_NODE, PREEMPTED
 from trainkit.run.lock import lock_run_dir
+from trainkit.run.quiet import quiet_library_noise
 from trainkit.run.speed import use_fast_defaults
 from trainkit.run.stopping import stop_with_this_process
 from trainkit.store.lock import lock_store
@@ -215,6 +216,7 @@ LAUNCHER_STOPS_THE_OTHERS_SECONDS = 10.0
 
 def main(args: list[str] | None = None) -> None:
     _show_info_logs()
+    quiet_library_noise()
     try:
         ProjectCLI(
             LightningModule,

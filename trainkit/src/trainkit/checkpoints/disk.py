@@ -77,7 +77,8 @@ def _is_checkpoint(callback: Namespace) -> bool:
 
 def checkpoint_dirs(trainer: Trainer) -> list[Path]:
     dirpaths = {getattr(callback, "dirpath", None) for callback in trainer.checkpoint_callbacks}
-    return sorted(Path(dirpath) for dirpath in dirpaths if dirpath and "://" not in str(dirpath))
+    # Resolved: one directory may be named relative by one callback and absolute by another.
+    return sorted({Path(dirpath).resolve() for dirpath in dirpaths if dirpath and "://" not in str(dirpath)})
 
 
 def newest_checkpoint(directories: Iterable[Path]) -> Path | None:

@@ -67,7 +67,7 @@ class PeriodicCheckpoint(Checkpoint):
         else:
             due = self._batches % CLOCK_BATCHES == 0 and self._time_is_up(trainer.strategy.root_device)
         if due and trainer.global_step != self._saved_step:  # a step of several batches is saved once
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)  # said: Lightning logs its default otherwise
             self._saved_at, self._saved_step = time.monotonic(), trainer.global_step
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -115,7 +115,7 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
                 saved = "a fast_dev_run saves nothing"
             else:
                 try:
-                    trainer.save_checkpoint(self.ckpt_path)
+                    trainer.save_checkpoint(self.ckpt_path, weights_only=False)
                 except CheckpointNotWritten:
                     # The processes that wrote raised before the barrier after the save (the first process; sharded,
                     # every one): the others are waiting in it.

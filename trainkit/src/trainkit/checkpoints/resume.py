@@ -51,6 +51,8 @@ SWAPPED = re.compile(r"\.(?P<name>.+\.ckpt)\.(?:partial|old)-\w+")
 
 def resume_checkpoint(trainer: Trainer) -> Path | None:
     """The checkpoint a restarted job resumes from, or None on the job's first run."""
+    # Lightning warns that checkpoints/ "exists and is not empty": resuming, it holds this run's own files.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     directories = checkpoint_dirs(trainer)
     for directory in directories:
         finish_interrupted_swaps(directory)

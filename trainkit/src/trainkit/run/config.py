@@ -7,14 +7,15 @@ from pathlib import Path
 from jsonargparse import Namespace
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import Callback
-from lightning.pytorch.callbacks import Checkpoint, DeviceStatsMonitor, LearningRateMonitor
+from lightning.pytorch.callbacks import Checkpoint, DeviceStatsMonitor, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
-# Callbacks that write files: the argument naming their directory, and where it goes by default.
+# Callbacks that write files: the argument naming their directory, and where it goes by default. Any
+# ModelCheckpoint (Lightning's, the kit's best checkpoint, a researcher's subclass) writes to checkpoints/.
+CHECKPOINTS = ("dirpath", "checkpoints")
 OUTPUT_DIRS = {
-    ".ModelCheckpoint": ("dirpath", "checkpoints"),
-    ".PreemptionCheckpoint": ("dirpath", "checkpoints"),
-    ".PeriodicCheckpoint": ("dirpath", "checkpoints"),
+    ".PreemptionCheckpoint": CHECKPOINTS,
+    ".PeriodicCheckpoint": CHECKPOINTS,
     ".PredictionWriter": ("output_dir", ""),
 }
 
@@ -66,17 +67,23 @@ def put_outputs_under_root_dir(trainer: Namespace) -> None:
     """Point checkpoint callbacks and loggers that name no directory at `trainer.default_root_dir`."""
     root = trainer.default_root_dir or os.getcwd()
     for callback in configured(trainer.callbacks):
-        for suffix, (argument, subdir) in OUTPUT_DIRS.items():
-            if callback.class_path.endswith(suffix) and callback.init_args.get(argument) is None:
-                callback.init_args[argument] = os.path.join(root, subdir)
+        output = _output_dir_argument(callback.class_path)
+        if output is not None and callback.init_args.get(output[0]) is None:
+            callback.init_args[output[0]] = os.path.join(root, output[1])
     for logger in configured(trainer.logger):
         if logger.init_args.get("save_dir") in (None, "."):
             logger.init_args.save_dir = root
 
 
+def _output_dir_argument(class_path: str) -> tuple[str, str] | None:
+    if issubclass(class_of(class_path), ModelCheckpoint):
+        return CHECKPOINTS
+    return next((output for suffix, output in OUTPUT_DIRS.items() if class_path.endswith(suffix)), None)
+
+
 def checkpoint_dir(trainer: Namespace) -> Path:
     for callback in configured(trainer.callbacks):
-        if callback.class_path.endswith(".ModelCheckpoint"):
+        if issubclass(class_of(callback.class_path), ModelCheckpoint):
             return Path(callback.init_args.dirpath)
     return Path(trainer.default_root_dir or os.getcwd(), "checkpoints")
 

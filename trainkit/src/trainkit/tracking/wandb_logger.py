@@ -37,6 +37,8 @@ class WandbLogger(lightning.pytorch.loggers.WandbLogger):
 
     def __init__(self, init_timeout: float = 20.0, finish_timeout: float = 20.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if self._wandb_init.get("anonymous") is None:
+            del self._wandb_init["anonymous"]  # Lightning passes None, which wandb warns about on every run
         if self._wandb_init.get("settings") is None:
             # finish_timeout_raises: how `finalize` learns that the uploads were cut short.
             waits = {"init_timeout": init_timeout, "finish_timeout": finish_timeout, "finish_timeout_raises": True}
