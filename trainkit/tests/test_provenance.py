@@ -14,7 +14,9 @@ import pytest
 import torch
 import yaml
 
+import trainkit
 from trainkit.checkpoints import provenance
+from trainkit.checkpoints.provenance import installed_version, versions
 
 from .conftest import KIT_ROOT
 from .drills import TWO_PROCESS_STEPS_PER_EPOCH, exit_code, full_epochs_args, load, paced, wait_for, with_periodic
@@ -114,3 +116,15 @@ def test_show_refuses_checkpoints_that_could_run_code_and_says_when_none_is_reco
     assert refused.stderr.startswith("error: refused to load") and "GLOBAL" in refused.stderr
     assert "records no provenance" in missing.stderr
     assert refused.stdout == missing.stdout == ""
+
+
+def test_versions_name_the_kit_and_the_installed_project_of_the_model(monkeypatch):
+    class ProjectModel:  # as if defined in the package `yaml`, which the distribution PyYAML installs
+        __module__ = "yaml.models"
+
+    found = versions(ProjectModel())
+    assert found["trainkit"] == trainkit.__version__ and found["yaml"] == yaml.__version__
+    # An editable install names no packages in its metadata: the distribution is found by the package's name.
+    monkeypatch.setattr(metadata, "packages_distributions", dict)
+    assert installed_version("pytest_cookies") == metadata.version("pytest-cookies")
+    assert installed_version("not_a_package_here") is None

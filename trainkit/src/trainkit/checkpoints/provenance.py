@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 import torch
 from lightning.pytorch import Trainer
 
+from trainkit import __version__ as trainkit_version
 from trainkit.checkpoints.io import refusal_reason
 from trainkit.checkpoints.sharded_format import META_FILE, checkpoint_meta
 from trainkit.cluster.platforms import platform_of
@@ -55,7 +56,7 @@ def collect_provenance(trainer: Trainer, config_yaml: str) -> dict[str, Any]:
             "image": os.environ.get(IMAGE_VARIABLE),
             **{name: os.environ[name] for name in PLATFORM_VARIABLES if name in os.environ},
         },
-        "versions": versions(),
+        "versions": versions(trainer.lightning_module),
         "counts": {
             "num_nodes": trainer.num_nodes,
             "devices_per_node": trainer.num_devices,
@@ -84,15 +85,30 @@ def image_git_state() -> dict[str, Any]:
     return {"commit": commit, "dirty": dirty, "diff_sha256": diff_sha256 if dirty else None, "source": "image build"}
 
 
-def versions() -> dict[str, str | None]:
-    package = __package__.split(".")[0]
-    distributions = metadata.packages_distributions().get(package, [])
+def versions(model: object) -> dict[str, str | None]:
+    """Python's, the libraries', the kit's and that of the project whose model trains."""
+    project = type(model).__module__.split(".")[0]
     return {
         "python": platform.python_version(),
         "torch": str(torch.__version__),  # a str subclass, which weights_only loading refuses
         "lightning": metadata.version("lightning"),
-        package: metadata.version(distributions[0]) if distributions else None,  # None: not installed, on a path
+        project: installed_version(project),
+        "trainkit": trainkit_version,
     }
+
+
+def installed_version(package: str) -> str | None:
+    """The version of the distribution that installed `package`; None where it runs from a path, not installed.
+
+    An editable install (the README's `pip install -e .`) names no packages in its metadata: its distribution is
+    found by the package's own name, as projects name them (lightning_mnist from lightning-mnist)."""
+    names = [*metadata.packages_distributions().get(package, []), package]
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _git(directory: Path, *args: str) -> bytes:
@@ -128,7 +144,9 @@ def summary(checkpoint: dict[str, Any]) -> str:
     lines = {
         "step": f"{checkpoint.get('global_step')} (epoch {checkpoint.get('epoch')})",
         "code": f"{code}, from {git['source']}",
-        "versions": ", ".join(f"{name} {version or 'not installed'}" for name, version in found["versions"].items()),
+        "versions": ", ".join(
+            f"{name} {version or 'from its folder, not installed'}" for name, version in found["versions"].items()
+        ),
         "platform": f"{environment['platform']} on {environment['hostname']}: {counts['num_nodes']} node(s) x"
         f" {counts['devices_per_node']} device(s), world size {counts['world_size']}",
         "image": environment["image"] or "none named",
