@@ -102,17 +102,24 @@ class Stream(IterableDataset):
 
 
 @pytest.mark.parametrize(
-    "loader",
+    ("loader", "reason"),
     [
-        DataLoader(Stream(), batch_size=4),
-        DataLoader(random_images(40), batch_size=4, sampler=[5, 0, 7, 2, 9, 1, 3, 4]),
-        DataLoader(random_images(40), batch_sampler=[[1, 2], [3, 4]]),
+        (DataLoader(Stream(), batch_size=4), "reads an IterableDataset, which has no order to resume in"),
+        (
+            DataLoader(random_images(40), batch_size=4, sampler=[5, 0, 7, 2, 9, 1, 3, 4]),
+            "uses a sampler of its own (list)",
+        ),
+        (DataLoader(random_images(40), batch_sampler=[[1, 2], [3, 4]]), "uses a batch sampler of its own (list)"),
     ],
     ids=["iterable-dataset", "own-sampler", "own-batch-sampler"],
 )
-def test_loaders_with_an_order_of_their_own_are_left_as_they_are(loader):
-    kept = fit(TrainLoaders(loader))
+def test_loaders_with_an_order_of_their_own_are_left_as_they_are_in_one_line(loader, reason):
+    with pytest.warns(UserWarning, match=r"^exact resume: the training loader ") as said:
+        kept = fit(TrainLoaders(loader))
     assert kept.loader is loader
+    assert [str(warning.message) for warning in said if "exact resume" in str(warning.message)] == [
+        f"exact resume: the training loader {reason}, so a resume mid-epoch starts the epoch over (docs/data.md)"
+    ]
 
 
 @pytest.mark.slow

@@ -72,6 +72,8 @@ from trainkit.tracking.wandb_logger import choose_wandb_mode, keep_wandb_run_id
 # The kit's callbacks, logger and settings, loaded before the project's configs (which override them).
 DEFAULTS = Path(__file__).with_name("defaults.yaml")
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+# What a data module knows of its samples once built, that the model is built with (docs/configuration.md).
+FROM_DATA_TO_MODEL = ("in_channels", "num_classes", "vocab_size", "in_features", "out_features", "image_size")
 
 
 class ProjectCLI(LightningCLI):
@@ -87,8 +89,9 @@ class ProjectCLI(LightningCLI):
         parser.add_class_arguments(CheckpointStoreSettings, "checkpoint_store")
         parser.add_class_arguments(CheckpointSavingSettings, "checkpoint_saving")
         # What the data module knows about its samples is not repeated in the model's config: a model
-        # with an argument of the same name gets the data module's value (others are left as they are).
-        for shared in ("in_channels", "num_classes"):
+        # with an argument of one of these names gets the data module's attribute of that name (where
+        # either has none, nothing is passed).
+        for shared in FROM_DATA_TO_MODEL:
             parser.link_arguments(f"data.{shared}", f"model.init_args.{shared}", apply_on="instantiate")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:

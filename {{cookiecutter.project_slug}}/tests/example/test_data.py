@@ -162,7 +162,7 @@ def test_each_process_trains_on_its_own_shard_reshuffled_every_epoch(mnist_dir, 
         assert seen[0] != seen[1], "the same order in two epochs: the sampler was not reshuffled"
 
 
-@pytest.mark.slow
+@pytest.mark.drills
 def test_a_mid_epoch_resume_trains_on_exactly_the_rest_of_the_epoch(mnist_dir, tmp_path):
     """MNIST's own loader (whole batches cut from memory, 2 processes x 2 workers) stopped by SIGTERM mid-epoch:
     the same command trains on the same samples in the same order, to the same weights."""

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
 from lightning_utilities.core.apply_func import apply_to_collection
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 
 def batches_trained(trainer: Trainer) -> int | None:
@@ -171,14 +171,35 @@ def shuffles(loader: DataLoader) -> bool | None:
     return None
 
 
+def not_resumable_because(loader: Any) -> str | None:
+    """Why `loader` is not an ordinary one that `resumable` rebuilds; None for one that resumes exactly."""
+    if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
+        return None  # it resumes itself, and Lightning saves its state (torchdata's, litdata's)
+    if not isinstance(loader, DataLoader):
+        return f"is a {type(loader).__name__}, not a DataLoader"
+    if type(loader) is not DataLoader:
+        return f"is a DataLoader subclass ({type(loader).__name__})"
+    if isinstance(loader.dataset, IterableDataset):
+        return "reads an IterableDataset, which has no order to resume in"
+    if loader.batch_size is None:
+        return f"uses a batch sampler of its own ({type(loader.batch_sampler).__name__})"
+    if shuffles(loader) is None:
+        return f"uses a sampler of its own ({type(loader.sampler).__name__})"
+    return None
+
+
 def resumable(loader: Any, trainer: Trainer) -> Any:
     """`loader` rebuilt as a ResumableDataLoader with every argument it was given, when it is an ordinary one.
 
     An ordinary one is a plain DataLoader over a map-style dataset that batches with `batch_size`
     in a sequential or shuffled order (an IterableDataset's loader has neither order).
     """
-    if type(loader) is not DataLoader or loader.batch_size is None or (shuffle := shuffles(loader)) is None:
+    reason = not_resumable_because(loader)
+    if reason is not None:
+        rank_zero_warn(f"exact resume: the training loader {reason}, so a resume mid-epoch starts the epoch over"
+                       " (docs/data.md)")  # fmt: skip
         return loader
+    shuffle = shuffles(loader)
     # Each process its own share, as Lightning's DistributedSampler would give it; with
     # `use_distributed_sampler: false` the data module shares out the data itself.
     sharing = trainer._accelerator_connector.use_distributed_sampler and trainer.distributed_sampler_kwargs

@@ -1,0 +1,261 @@
+"""The kit's guarantees, put to a project's own model and data: tests that run on whatever the experiment names.
+
+A project's tests subclass `YourCodeContract` once (tests/test_your_code.py), or once per model and data pair:
+
+    class TestTheExperiment(YourCodeContract):
+        project = PROJECT_ROOT                           # where train.py is
+        args = ("--config", "configs/experiment.yaml")  # the model and data, as train.py is told them
+
+The fast tests run in the default `pytest`: a short real `train.py fit`, then validate, test and predict in the
+test's own process, seconds each. The drills (`pytest -m drills`, a few minutes) interrupt real runs of 1 and 2
+processes. A failure names the broken guarantee and the reason in its first line.
+"""
+
+import json
+import signal
+import sys
+import warnings
+from contextlib import chdir
+from dataclasses import dataclass
+from pathlib import Path
+from unittest.mock import patch
+
+import pytest
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer, seed_everything
+from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from trainkit.cli import ProjectCLI
+from trainkit.run.config_errors import OneLineErrorParser
+from trainkit.testing.runs import clean_env, exit_code, paced, run_train, start_train, wait_for
+from trainkit.tracking.predictions import PredictionWriter
+
+# How the kit's own lines begin: a monitored metric the model does not log (checkpoints/best.py), a training
+# loader that cannot resume mid-epoch (data/resumable.py).
+MONITOR_NOT_LOGGED = "best_checkpoint.monitor:"
+EXACT_RESUME = "exact resume:"
+# What each stage runs: the model's step, and the loader the data module (or the model) gives.
+STAGES = {
+    "validate": ("validation_step", "val_dataloader"),
+    "test": ("test_step", "test_dataloader"),
+    "predict": ("predict_step", "predict_dataloader"),
+}
+
+
+@dataclass
+class Run:
+    """A `train.py` run that ended: its directory and what it printed."""
+
+    dir: Path
+    returncode: int
+    output: str
+
+    @property
+    def last_ckpt(self) -> Path:
+        return self.dir / "checkpoints" / "last.ckpt"
+
+    def report(self, rank: int = 0) -> dict:
+        """What process `rank` saw at the end of fit (testing/rank_report.py): its step, a digest of the weights."""
+        return json.loads((self.dir / "ranks" / f"rank{rank}.json").read_text())
+
+    def weights(self, rank: int = 0) -> str:
+        return self.report(rank)["weights"]
+
+
+class YourCodeContract:
+    project: Path
+    args: tuple[str, ...] = ("--config", "configs/experiment.yaml")
+    steps_per_epoch: int = 6  # training steps of each quick epoch, per process
+    sharded_config: str = "configs/strategy/fsdp.yaml"
+
+    run_args: tuple[str, ...]  # `args` and what `prepare` adds
+
+    @classmethod
+    def prepare(cls, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
+        """Arguments the tests add to `args`, such as data made for them (the example's fake digits); none here."""
+        return ()
+
+    @pytest.fixture(scope="class", autouse=True)
+    @classmethod
+    def prepared(cls, tmp_path_factory: pytest.TempPathFactory) -> None:
+        cls.run_args = (*cls.args, *cls.prepare(tmp_path_factory))
+
+    # ---- fast: the default pytest
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def fitted(cls, prepared: None, tmp_path_factory: pytest.TempPathFactory) -> Run:
+        """One quick training run, which the fast tests share."""
+        return cls().fit(tmp_path_factory.mktemp("fitted"))
+
+    def test_a_few_steps_train_validate_and_save_last_ckpt_every_epoch(self, fitted: Run) -> None:
+        assert fitted.returncode == 0, f"training: train.py fit ended with exit {fitted.returncode}: {why(fitted)}"
+        assert fitted.last_ckpt.exists(), "resume: no last.ckpt after two epochs, a restarted job would start afresh"
+
+    def test_the_monitored_metric_is_one_the_model_logs(self, fitted: Run) -> None:
+        trained(fitted)
+        said = said_lines(fitted, MONITOR_NOT_LOGGED)
+        assert not said, said[0] if said else ""
+
+    def test_the_training_loader_resumes_mid_epoch(self, fitted: Run) -> None:
+        trained(fitted)
+        said = said_lines(fitted, EXACT_RESUME)
+        assert not said, said[0] if said else ""
+
+    def test_a_checkpoint_loads_back_to_the_same_validation(self, fitted: Run, tmp_path: Path) -> None:
+        trained(fitted)
+        model, data = self.build()
+        if not defines(model, data, "validate"):
+            pytest.skip("the model validates nothing (no validation_step or no validation data)")
+        other, _ = self.build("--seed_everything", "12345")  # initialised otherwise: only the checkpoint agrees
+        results = []
+        for each in (model, other):
+            seed_everything(0)  # loaders that draw their samples draw the same ones
+            results.append(
+                evaluating(tmp_path).validate(each, datamodule=data, ckpt_path=fitted.last_ckpt, verbose=False)
+            )
+        assert results[0] == results[1], (
+            f"save and load: validating last.ckpt gives {results[0]} in one model and {results[1]} in another"
+            " initialised otherwise: some of the model's state is not saved in its checkpoint (keep tensors in"
+            " registered parameters or buffers)"
+        )
+
+    @pytest.mark.parametrize("stage", list(STAGES))
+    def test_validate_test_and_predict_run_where_the_model_defines_them(
+        self, fitted: Run, tmp_path: Path, stage: str
+    ) -> None:
+        trained(fitted)
+        model, data = self.build()
+        if not defines(model, data, stage):
+            pytest.skip(f"the model or data defines no {' or '.join(STAGES[stage])}")
+        getattr(evaluating(tmp_path), stage)(model, datamodule=data, ckpt_path=fitted.last_ckpt)
+        if stage == "predict":
+            assert len((tmp_path / "predictions.csv").read_text().splitlines()) > 1, "predict: no rows written"
+
+    # ---- drills: pytest -m drills
+
+    @pytest.mark.drills
+    @pytest.mark.parametrize("processes", [1, 2], ids=["1 process", "2 processes"])
+    def test_sigterm_mid_epoch_then_the_same_command_trains_the_same_weights(self, tmp_path: Path, processes: int):
+        self.drill(tmp_path, "--trainer.devices", str(processes))
+
+    @pytest.mark.drills
+    def test_sharded_on_2_processes_sigterm_then_the_same_command_trains_the_same_weights(self, tmp_path: Path):
+        model, _ = self.build()
+        if not is_overridden("configure_model", model):
+            pytest.skip("the model does not shard (no configure_model): DDP is the way for it")
+        self.drill(tmp_path, "--config", self.sharded_config, "--trainer.devices", "2")
+
+    # ---- how
+
+    def quick(self, run_dir: Path, *extra: str) -> list[str]:
+        """The project's args for two short epochs on the CPU, without a logger, each process reporting its weights."""
+        return [
+            *self.run_args,
+            "--trainer.accelerator", "cpu",
+            "--trainer.max_epochs", "2",
+            "--trainer.max_steps", "-1",
+            "--trainer.limit_train_batches", str(self.steps_per_epoch),
+            "--trainer.limit_val_batches", "2",
+            "--trainer.val_check_interval", "1.0",
+            "--trainer.default_root_dir", str(run_dir),
+            "--trainer.enable_progress_bar", "false",
+            "--trainer.logger", "false",
+            *extra,
+            "--trainer.callbacks+=trainkit.testing.rank_report.ReportRank",
+            "--trainer.callbacks.out_dir", str(run_dir / "ranks"),
+        ]  # fmt: skip
+
+    def fit(self, run_dir: Path, *extra: str) -> Run:
+        result = run_train(self.project, "fit", *self.quick(run_dir, *extra), env=clean_env(), timeout=600)
+        return Run(run_dir, result.returncode, result.stdout + result.stderr)
+
+    def build(self, *extra: str) -> tuple[LightningModule, LightningDataModule | None]:
+        """The model and data module as train.py makes them from the project's args, in this process."""
+        with chdir(self.project), patch.object(sys, "argv", ["train.py"]):  # pytest's own arguments are not train.py's
+            built = _ModelAndDataOnly(
+                LightningModule, None, subclass_mode_model=True, subclass_mode_data=True,
+                save_config_callback=None, parser_class=OneLineErrorParser, run=False,
+                args=[*self.run_args, "--trainer.logger", "false", *extra],
+            )  # fmt: skip
+        return built.model, built.datamodule
+
+    def drill(self, tmp_path: Path, *extra: str) -> None:
+        """SIGTERM in the middle of the second epoch, exit 143, then the same command: the uninterrupted weights."""
+        whole = self.fit(tmp_path / "uninterrupted", *extra)
+        assert whole.returncode == 0, f"training: train.py fit ended with exit {whole.returncode}: {why(whole)}"
+        processes = len(list((whole.dir / "ranks").glob("rank*.json")))
+        digests = {whole.weights(rank) for rank in range(processes)}
+        assert len(digests) == 1, f"agreement: the {processes} processes ended with different weights"
+
+        steps_per_epoch = whole.report()["global_step"] // 2  # fewer than asked where the data has fewer batches
+        assert steps_per_epoch > 1, (
+            f"exact resume: the data gives {steps_per_epoch} batch per epoch and process, too few to stop mid-epoch:"
+            " give the tests a smaller batch size (`prepare`)"
+        )
+        run_dir, marker, log = tmp_path / "interrupted", tmp_path / "mid-epoch", tmp_path / "interrupted.log"
+        at_step = steps_per_epoch + steps_per_epoch // 2  # in the middle of the second epoch
+        command = ["fit", *self.quick(run_dir, *extra), *paced(marker, at_step)]
+        job = start_train(self.project, command, clean_env(), log)
+        wait_for(marker, job, log, timeout=300)
+        job.send_signal(signal.SIGTERM)  # as a platform stops a node: to its first process
+        code = exit_code(job, timeout=120, hang="preemption: SIGTERM did not end the run within 120 s")
+        interrupted = Run(run_dir, code, log.read_text())
+        assert code == 143, f"preemption: SIGTERM ended the run with exit {code}, not 143: {why(interrupted)}"
+
+        again = run_train(self.project, *command, env=clean_env(), timeout=600)
+        rerun = Run(run_dir, again.returncode, again.stdout + again.stderr)
+        assert rerun.returncode == 0, f"resume: the same command ended with exit {rerun.returncode}: {why(rerun)}"
+        said = said_lines(interrupted, EXACT_RESUME) + said_lines(rerun, EXACT_RESUME)
+        assert rerun.weights() == whole.weights(), (
+            f"exact resume: after SIGTERM at step {at_step} and the same command again, the weights differ from an"
+            f" uninterrupted run's{'; ' + said[0].removeprefix(EXACT_RESUME).strip() if said else ''}"
+        )
+
+
+class _ModelAndDataOnly(ProjectCLI):
+    """train.py's command line, making only the model and the data module (and no Trainer, no run directory)."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_argument("--ckpt_path", type=str | None, help="(a training setting; not used here)")
+
+    def before_instantiate_classes(self) -> None:
+        pass
+
+    def instantiate_classes(self) -> None:
+        built = self.parser.instantiate_classes(self.config)
+        self.model, self.datamodule = built.model, built.get("data")
+
+
+def trained(fitted: Run) -> None:
+    if fitted.returncode != 0 or not fitted.last_ckpt.exists():
+        pytest.skip("the quick training failed: its own test says why")
+
+
+def defines(model: LightningModule, data: LightningDataModule | None, stage: str) -> bool:
+    step, loader = STAGES[stage]
+    return is_overridden(step, model) and is_overridden(loader, data if data is not None else model)
+
+
+def evaluating(out_dir: Path) -> Trainer:
+    """A Trainer for two batches of validate, test or predict on the CPU, predictions written to `out_dir`."""
+    # Lightning asks for the callbacks that saved the checkpoint: what is evaluated here is the model's own.
+    warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
+    return Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=2, limit_test_batches=2, limit_predict_batches=2,
+        callbacks=[PredictionWriter(str(out_dir))], default_root_dir=out_dir,
+    )  # fmt: skip
+
+
+def said_lines(run: Run, start: str) -> list[str]:
+    """The lines of a run's output that say `start`, from there on (a warning's file and line are cut)."""
+    return [line[line.index(start) :] for line in run.output.splitlines() if start in line]
+
+
+def why(run: Run) -> str:
+    """The last line that says what went wrong, for a failure's first line."""
+    lines = [line.strip() for line in run.output.splitlines() if line.strip() and not line.startswith("wandb")]
+    errors = [line for line in lines if line.startswith("error:") or "Error" in line or "Exception" in line]
+    return (errors or lines or ["(no output)"])[-1]

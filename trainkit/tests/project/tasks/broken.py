@@ -1,0 +1,18 @@
+"""Data modules broken on purpose: the contract must name each problem in one line."""
+
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+from tasks.regression import Table
+from trainkit import ConfigError
+
+
+class BatchesOfItsOwn(Table):
+    """Batches drawn by a batch sampler of its own: Lightning cannot resume them mid-epoch."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train, batch_sampler=BatchSampler(RandomSampler(self.train), 16, drop_last=False))
+
+
+class RefusesItsRoot(Table):
+    def __init__(self, root: str = "corpus") -> None:
+        raise ConfigError(f"data.root {root!r} holds no table")

@@ -1,0 +1,63 @@
+"""A regression model on a table (a CSV file): a task unlike image classification, for the kit's tests.
+
+It logs `val_loss` only, as many Lightning examples do."""
+
+import csv
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningDataModule, LightningModule
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset, random_split
+
+from trainkit import ConfigError
+
+FLATS = Path(__file__).with_name("flats.csv")
+
+
+class Table(LightningDataModule):
+    """The rows of a CSV file: every column but `target` is a feature, standardised by the training rows."""
+
+    def __init__(self, path: str = str(FLATS), target: str = "price", batch_size: int = 16) -> None:
+        super().__init__()
+        with open(path, newline="") as file:
+            rows = list(csv.DictReader(file))
+        if not rows or target not in rows[0]:
+            raise ConfigError(f"data.target {target!r} is not a column of {path}")
+        features = [name for name in rows[0] if name != target]
+        self.x = torch.tensor([[float(row[name]) for name in features] for row in rows])
+        self.y = torch.tensor([float(row[target]) for row in rows])
+        self.in_features = len(features)  # the model's in_features, passed on by name
+        self.batch_size = batch_size
+
+    def setup(self, stage: str) -> None:
+        table = TensorDataset((self.x - self.x.mean(0)) / self.x.std(0), (self.y - self.y.mean()) / self.y.std())
+        self.train, self.val = random_split(table, [0.8, 0.2], generator=torch.Generator().manual_seed(0))
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=self.batch_size)
+
+
+class Regressor(LightningModule):
+    def __init__(self, in_features: int, hidden: int = 32, lr: float = 1e-2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x).squeeze(-1)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.mse_loss(self(x), y)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self(x), y), sync_dist=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)

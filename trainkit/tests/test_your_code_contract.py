@@ -1,0 +1,75 @@
+"""The contract a project puts its own model and data through (trainkit.testing.contract), tried on pairs unlike the
+tests' tiny image classifier: a character language model on text files, a regression on a table that logs only
+`val_loss`, and Lightning's own demo model with loaders of its own (`--data null`). Then pairs broken on purpose,
+each failing in one line that names the problem."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainkit.testing.contract import YourCodeContract
+
+from .conftest import KIT_ROOT
+from .helpers import PROJECT_ROOT, clean_env
+
+sys.path.insert(0, str(PROJECT_ROOT))  # the pairs' modules (project/tasks/), as train.py finds them
+EXPERIMENT = ("--config", "configs/experiment.yaml")  # the tests' experiment: it monitors val/acc
+
+
+class TestACharacterLanguageModelOnTextFiles(YourCodeContract):
+    project = PROJECT_ROOT
+    args = (*EXPERIMENT, "--model", "tasks.char_lm.CharLanguageModel", "--data", "tasks.char_lm.TextFiles",
+            "--data.root", str(KIT_ROOT / "docs"), "--best_checkpoint.monitor", "val/loss")  # fmt: skip
+
+
+class TestARegressionOnATable(YourCodeContract):
+    project = PROJECT_ROOT
+    args = (*EXPERIMENT, "--model", "tasks.regression.Regressor", "--data", "tasks.regression.Table",
+            "--best_checkpoint.monitor", "val_loss")  # fmt: skip
+
+
+class TestLightningsDemoModelWithLoadersOfItsOwn(YourCodeContract):
+    project = PROJECT_ROOT
+    args = (*EXPERIMENT, "--model", "lightning.pytorch.demos.boring_classes.BoringModel", "--data", "null",
+            "--best_checkpoint.monitor", "null")  # fmt: skip
+
+
+BROKEN_PAIR = """
+import sys
+from pathlib import Path
+from trainkit.testing.contract import YourCodeContract
+
+sys.path.insert(0, {project!r})
+
+class TestBrokenPair(YourCodeContract):
+    project = Path({project!r})
+    args = {args!r}
+"""
+
+
+@pytest.mark.parametrize(
+    ("data", "monitor", "failing", "line"),
+    [
+        ("tasks.broken.BatchesOfItsOwn", "val_loss", "test_the_training_loader_resumes_mid_epoch",
+         "exact resume: the training loader uses a batch sampler of its own (BatchSampler), so a resume mid-epoch"
+         " starts the epoch over (docs/data.md)"),
+        ("tasks.regression.Table", "val/acc", "test_the_monitored_metric_is_one_the_model_logs",
+         "best_checkpoint.monitor: validation logs val_loss, not 'val/acc': no best checkpoint is kept while it is"
+         " missing (last.ckpt is). Set it to a metric the model logs, or null (configs/experiment.yaml)."),
+        ("tasks.broken.RefusesItsRoot", "val_loss", "test_a_few_steps_train_validate_and_save_last_ckpt_every_epoch",
+         "training: train.py fit ended with exit 2: error: data.root 'corpus' holds no table"),
+    ],
+    ids=["a batch sampler of its own", "a monitored metric the model never logs", "ConfigError in __init__"],
+)  # fmt: skip
+def test_a_broken_pair_fails_one_test_in_one_line_naming_the_problem(tmp_path: Path, data, monitor, failing, line):
+    args = (*EXPERIMENT, "--model", "tasks.regression.Regressor", "--data", data, "--best_checkpoint.monitor", monitor)
+    (tmp_path / "test_pair.py").write_text(BROKEN_PAIR.format(project=str(PROJECT_ROOT), args=args))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", "-o", "markers=drills", "-m", "not drills",
+         "-rf", "test_pair.py"],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    failed = [row for row in result.stdout.splitlines() if row.startswith("FAILED")]
+    assert failed == [f"FAILED test_pair.py::TestBrokenPair::{failing} - AssertionError: {line}"], result.stdout[-4000:]

@@ -1,0 +1,25 @@
+"""Your model and data, as `configs/experiment.yaml` names them, put through the kit's guarantees
+(src/trainkit/testing/contract.py): `pytest` runs the quick tests, `pytest -m drills` interrupts real runs.
+Each failure's first line names the guarantee that broke and why."""
+
+import pytest
+from trainkit.testing.contract import YourCodeContract
+
+from .conftest import PROJECT_ROOT
+from .example.fake_mnist import write_fake_mnist
+
+
+class TestTheExperiment(YourCodeContract):
+    project = PROJECT_ROOT
+    args = ("--config", "configs/experiment.yaml")
+
+    # The example's digits download where there is a network; the tests train on small fake ones.
+    # Delete this method with the example (or point it at a small sample of your data).
+    @classmethod
+    def prepare(cls, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
+        digits = write_fake_mnist(tmp_path_factory.mktemp("mnist"))
+        return ("--data.data_dir", str(digits), "--data.download", "false")
+
+
+# Another model and data pair of yours: a class like the one above, its `args` adding
+# "--model", "configs/model/<yours>.yaml", "--data", "configs/data/<yours>.yaml".
