@@ -242,6 +242,15 @@ def test_chunks_of_the_folder_stream_as_well_as_it_trains_in_memory(
     assert abs(streamed_accuracy - in_memory_accuracy) <= 0.02
 
 
+PREPARE_OWN_SAMPLE = """
+    @classmethod
+    def prepare(cls, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
+        return ("--data.root", "{root}")  # a sample of the researcher's images
+
+
+"""
+
+
 def deleted_by_step_5(project: Path) -> list[Path]:
     """The files and folders the README's "Delete the example" step names, as paths in the project."""
     readme = (project / "README.md").read_text()
@@ -251,7 +260,7 @@ def deleted_by_step_5(project: Path) -> list[Path]:
     return [(package if name.startswith(("models/", "data/")) else project) / name for name in named]
 
 
-def test_the_projects_tests_pass_once_the_example_is_deleted(cookies_session):
+def test_the_projects_tests_pass_once_the_example_is_deleted(cookies_session, image_folder):
     """README steps 4 and 5 on a fresh project: the experiment names the researcher's model and data, the example
     goes, and the project's own suite passes."""
     project = project_with_own_model(cookies_session)
@@ -275,6 +284,12 @@ def test_the_projects_tests_pass_once_the_example_is_deleted(cookies_session):
     printed = project_command(project, "train.py", "fit", "--config", "configs/experiment.yaml", "--print_config")
     assert "TinyResNet" in printed and "ImageFolderDataModule" in printed
 
+    # Step 5 too: the contract's `prepare` gives a sample of the researcher's images instead of fake digits.
+    your_code = project / "tests" / "test_your_code.py"
+    text = re.sub(r"\n    # The example's digits.*?\n\n\n", PREPARE_OWN_SAMPLE.format(root=image_folder), your_code.read_text(),
+                  flags=re.DOTALL)  # fmt: skip
+    your_code.write_text(text.replace("from .example.fake_mnist import write_fake_mnist\n", ""))
+
     def project_tests(*args: str, counted: str = "passed") -> int:
         """The project's own `pytest ARGS`, which must pass: how many tests it says were `counted`."""
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
@@ -283,8 +298,9 @@ def test_the_projects_tests_pass_once_the_example_is_deleted(cookies_session):
         assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
         return int(re.search(rf"(\d+) (?:tests )?{counted}", result.stdout).group(1))
 
-    # The project's own tests now check the researcher's configs: the experiment and each config on top of it.
-    # (The kit's guarantees are tested once, in the template's suite, not in every project.)
-    passed = project_tests("tests")
-    assert passed == 1 + len([path for path in (project / "configs").rglob("*.yaml") if path.name not in
-                              ("experiment.yaml", "sweep.yaml")])  # fmt: skip
+    # The project's own tests now check the researcher's configs, model and data: the experiment and each config
+    # on top of it, and the model and data the experiment names through the kit's guarantees.
+    configs = [path for path in (project / "configs").rglob("*.yaml")
+               if path.name not in ("experiment.yaml", "sweep.yaml")]  # fmt: skip
+    assert project_tests("tests/test_configs.py") == 1 + len(configs)
+    assert project_tests("tests/test_your_code.py") >= 6  # the fast contract: predict is the example's alone

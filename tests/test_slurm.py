@@ -138,7 +138,7 @@ def test_preempted_job_is_requeued_and_resumes(slurm, project, fake_mnist, tmp_p
     slurm.signal(job_id, "USR1", batch_script=True)
     # Requeued: the tasks have saved a checkpoint and ended, and the job waits to start again.
     wait_for(lambda: requeued(slurm.job(job_id)), "a requeue", log)
-    limit.write_text("trainer:\n  max_steps: 1\n")
+    limit.write_text("trainer:\n  max_steps: 1\n  max_epochs: -1\n")  # however many epochs it trained
     slurm.release(job_id)  # Slurm holds a requeued job back for a while; start it now
     job = slurm.wait(job_id)
     text = log()

@@ -73,3 +73,13 @@ def test_a_broken_pair_fails_one_test_in_one_line_naming_the_problem(tmp_path: P
     )  # fmt: skip
     failed = [row for row in result.stdout.splitlines() if row.startswith("FAILED")]
     assert failed == [f"FAILED test_pair.py::TestBrokenPair::{failing} - AssertionError: {line}"], result.stdout[-4000:]
+
+
+@pytest.mark.drills
+def test_the_sharded_drill_resumes_a_model_that_shards_to_the_same_weights(tmp_path: Path):
+    class ShardingPair(YourCodeContract):  # the tests' tiny classifier, made ready for sharding
+        project = PROJECT_ROOT
+        args = (*EXPERIMENT, "--model", "trainkit.testing.tiny.TinyShardedClassifier")
+
+    ShardingPair.run_args = ShardingPair.args
+    ShardingPair().test_sharded_on_2_processes_sigterm_then_the_same_command_trains_the_same_weights(tmp_path)

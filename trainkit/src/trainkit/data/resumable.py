@@ -172,9 +172,7 @@ def shuffles(loader: DataLoader) -> bool | None:
 
 
 def not_resumable_because(loader: Any) -> str | None:
-    """Why `loader` is not an ordinary one that `resumable` rebuilds; None for one that resumes exactly."""
-    if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
-        return None  # it resumes itself, and Lightning saves its state (torchdata's, litdata's)
+    """Why `loader` is not an ordinary one, which `resumable` rebuilds; None for an ordinary one."""
     if not isinstance(loader, DataLoader):
         return f"is a {type(loader).__name__}, not a DataLoader"
     if type(loader) is not DataLoader:
@@ -194,6 +192,8 @@ def resumable(loader: Any, trainer: Trainer) -> Any:
     An ordinary one is a plain DataLoader over a map-style dataset that batches with `batch_size`
     in a sequential or shuffled order (an IterableDataset's loader has neither order).
     """
+    if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
+        return loader  # it resumes itself, and Lightning saves its state (torchdata's, litdata's)
     reason = not_resumable_because(loader)
     if reason is not None:
         rank_zero_warn(f"exact resume: the training loader {reason}, so a resume mid-epoch starts the epoch over"
