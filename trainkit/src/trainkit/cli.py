@@ -73,7 +73,7 @@ from trainkit.tracking.wandb_logger import choose_wandb_mode, keep_wandb_run_id
 DEFAULTS = Path(__file__).with_name("defaults.yaml")
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # What a data module knows of its samples once built, that the model is built with (docs/configuration.md).
-FROM_DATA_TO_MODEL = ("in_channels", "num_classes", "vocab_size", "in_features", "out_features", "image_size")
+FROM_DATA_TO_MODEL = ("in_channels", "num_classes", "vocab_size", "in_features", "out_features")
 
 
 class ProjectCLI(LightningCLI):
