@@ -230,7 +230,7 @@ def test_a_writer_killed_at_any_moment_leaves_a_complete_checkpoint_to_resume_fr
 
     # Retention: the newest 2 of each rolling checkpoint, and the best one, nothing else.
     best = next(Path(state["best_model_path"]).name for key, state in last["callbacks"].items()
-                if key.startswith("ModelCheckpoint") and state.get("monitor"))  # fmt: skip
+                if key.startswith("BestCheckpoint") and state.get("monitor"))  # fmt: skip
     expected = {"periodic-step=54.ckpt", "periodic-step=53.ckpt", "last-step=54.ckpt", "last-step=36.ckpt", best}
     assert s3.names("killed") == {"latest", "wandb-run-id", *(f"checkpoints/{name}" for name in expected)}
     assert s3.pointer("killed")["step"] == 54
