@@ -9,12 +9,18 @@
 # grace periods instead (bench/checkpoint_store.py; 7-18 minutes, about 12 GB of memory at its peak).
 # bash bench/run.sh sharded [options]: the sharded strategy against DDP, steps/s and checkpoint saves in the
 # background against saves that hold training up (bench/sharded.py; writes build/bench/sharded.json).
+# bash bench/run.sh stop [options]: SIGTERM to exit on one process, quiet and beside another training
+# (bench/stop_latency.py; about 5 minutes).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/venv.sh"
 cd "$ROOT"
 if [ "${1:-}" = checkpoint-store ]; then
     shift
     exec "$PYTHON" bench/checkpoint_store.py "$@"
+fi
+if [ "${1:-}" = stop ]; then
+    shift
+    exec "$PYTHON" bench/stop_latency.py "$@"
 fi
 if [ "${1:-}" = sharded ]; then
     shift

@@ -8,8 +8,8 @@ pytestmark = pytest.mark.slow
 
 LOGGER_OFF = "trainer.logger is off: leaving out LearningRateMonitor"
 CHECKPOINTING_OFF = (
-    "trainer.enable_checkpointing is false: leaving out BestCheckpoint, ModelCheckpoint, PreemptionCheckpoint, PeriodicCheckpoint;"
-    " starting afresh instead of resuming (ckpt_path: last)"
+    "trainer.enable_checkpointing is false: leaving out BestCheckpoint, ModelCheckpoint, PreemptionCheckpoint,"
+    " PeriodicCheckpoint; starting afresh instead of resuming (ckpt_path: last)"
 )
 
 EVERYDAY_FLAGS = {
