@@ -17,11 +17,13 @@ def root_or_skip(what: str) -> None:
 
 
 def apt_install(packages: tuple[str, ...]) -> None:
-    """Install Debian packages (root only); refresh the package lists once if needed."""
+    """Install Debian packages (root only); refresh the package lists once if needed.
+
+    Tests run side by side (pytest -n): one waits for another's apt-get to release dpkg's lock."""
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    command = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-q", "--no-install-recommends", *packages]
     if subprocess.run(command, env=env, capture_output=True, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=True)
+        subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=600", "update", "-q"], env=env, capture_output=True, check=True)
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise RuntimeError(f"apt-get install {' '.join(packages)} failed:\n{result.stdout[-2000:]}{result.stderr}")
