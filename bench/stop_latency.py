@@ -47,8 +47,8 @@ def fit_command(data_dir: Path, run_dir: Path, *extra: str) -> list[str]:
 
 def one_stop(project: Path, data_dir: Path, work: Path, env: dict[str, str], at_step: int) -> dict[str, float]:
     """SIGTERM once step `at_step` is done; seconds to the saved line and to the exit."""
+    work.mkdir(parents=True, exist_ok=True)
     marker, log = work / "step-done", work / "fit.log"
-    marker.unlink(missing_ok=True)
     pace = ["--trainer.callbacks+=trainkit.testing.pacing.PaceSteps", "--trainer.callbacks.marker", str(marker),
             "--trainer.callbacks.at_step", str(at_step), "--trainer.callbacks.seconds_per_step", "0"]  # fmt: skip
     with log.open("w") as output:
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     env = dict(os.environ, WANDB_MODE="offline", PYTHONUNBUFFERED="1", PYTHONPATH=source)
     results = {"quiet": measure(project, data_dir, args.out / "quiet", env, args)}
 
-    load_log = args.out / "load.log"
+    load_log = args.out / "load.log"  # the other training, on both cores
     with load_log.open("w") as output:
         load = subprocess.Popen(fit_command(data_dir, args.out / "load-run", "--trainer.devices", "2"), cwd=project,
                                 env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
