@@ -34,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, help="MNIST in torchvision's layout (default: the shipped sample)")
     parser.add_argument("--repeats", type=int, default=5, help="stops measured on each machine state")
     parser.add_argument("--at-step", type=int, default=20, help="the step after which SIGTERM is sent")
+    parser.add_argument("--load-warmup", type=float, default=20, help="seconds for the other training to start")
     return parser.parse_args(argv)
 
 
@@ -85,7 +86,6 @@ def measure(project: Path, data_dir: Path, work: Path, env: dict[str, str], args
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    args.package = "lightning_mnist"
     project, data_dir = prepare(args)
     source = os.pathsep.join(filter(None, [str(project / "src"), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, WANDB_MODE="offline", PYTHONUNBUFFERED="1", PYTHONPATH=source)
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
         load = subprocess.Popen(fit_command(data_dir, args.out / "load-run", "--trainer.devices", "2"), cwd=project,
                                 env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        time.sleep(20)  # its start-up is over: both cores train
+        time.sleep(args.load_warmup)  # its start-up is over: both cores train
         if load.poll() is not None:
             raise RuntimeError(f"the loading training ended:\n{load_log.read_text()[-3000:]}")
         results["loaded"] = measure(project, data_dir, args.out / "loaded", env, args)

@@ -13,6 +13,7 @@ sys.path.insert(0, str(TEMPLATE / "bench"))
 
 import benchmark  # noqa: E402
 import checkpoint_store  # noqa: E402
+import stop_latency  # noqa: E402
 
 COMPARISON_FIGURES = (
     "template_images_per_s",
@@ -123,3 +124,16 @@ def test_the_gpu_check_dry_runs_on_the_cpu(default_project, real_mnist, tmp_path
     for check in results["checks"]:
         assert f"{check['status']:<4} {check['name']}: " in printed
     assert_figure(next(c for c in results["checks"] if c["name"] == "throughput")["figures"]["template_vs_reference"])
+
+
+def test_the_stop_benchmark_times_each_stop_quiet_and_loaded(default_project, real_mnist, tmp_path):
+    results = stop_latency.main(
+        ["--out", str(tmp_path), "--project", str(default_project), "--data-dir", str(real_mnist),
+         "--repeats", "1", "--at-step", "3", "--load-warmup", "5"]
+    )  # fmt: skip
+    assert json.loads((tmp_path / "results.json").read_text()) == results
+    assert set(results) == {"quiet", "loaded"}
+    for samples in results.values():
+        (sample,) = samples
+        for name in ("to_saved_s", "saved_to_exit_s", "total_s"):
+            assert_figure(sample[name])
