@@ -21,9 +21,10 @@ def apt_install(packages: tuple[str, ...]) -> None:
 
     Tests run side by side (pytest -n): one waits for another's apt-get to release dpkg's lock."""
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    command = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-q", "--no-install-recommends", *packages]
+    apt_get = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
+    command = [*apt_get, "install", "-y", "-q", "--no-install-recommends", *packages]
     if subprocess.run(command, env=env, capture_output=True, check=False).returncode != 0:
-        subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=600", "update", "-q"], env=env, capture_output=True, check=True)
+        subprocess.run([*apt_get, "update", "-q"], env=env, capture_output=True, check=True)
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise RuntimeError(f"apt-get install {' '.join(packages)} failed:\n{result.stdout[-2000:]}{result.stderr}")
