@@ -380,7 +380,6 @@ def test_swarm_stack_runs_one_torchrun_node_per_service(projects, answer_set):
         constraints.add(constraint)
         (gpus,) = deploy["resources"]["reservations"]["generic_resources"]
         assert gpus["discrete_resource_spec"] == {"kind": "gpu", "value": int(chosen["gpus_per_node"])}
-        assert service["environment"]["NCCL_IB_DISABLE"] == "1" and service["environment"]["NCCL_SOCKET_IFNAME"]
         tmpfs = [volume for volume in service["volumes"] if isinstance(volume, dict) and volume["type"] == "tmpfs"]
         assert [volume["target"] for volume in tmpfs] == ["/dev/shm"]
         assert set(service["networks"]) == set(stack["networks"])
@@ -410,11 +409,77 @@ def test_dockerfile_builds_one_image_for_every_platform(projects, answer_set):
     user = next(args for kind, args in reversed(steps) if kind == "USER")
     assert user.split(":")[0] not in ("root", "0") and arguments.get(user.strip("${}"), user) not in ("root", "0")
     assert chosen["main_port"] in [args for kind, args in steps if kind == "EXPOSE"]
-    environment = " ".join(args for kind, args in steps if kind == "ENV")
-    for knob in ("NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_DEBUG"):
-        assert knob in arguments and f"{knob}=${{{knob}}}" in environment, knob
+    # A compiler for torch.compile only on request (--build-arg COMPILER=1): the kit refuses compiled models without.
+    assert arguments["COMPILER"] == "0"
+    (compiler,) = [args for kind, args in steps if kind == "RUN" and "${COMPILER}" in args]
+    assert "apt-get install -y --no-install-recommends gcc g++ libc6-dev" in compiler
     ignored = set((project / ".dockerignore").read_text().split())
     assert {".git", ".venv", "data", "runs", "wandb", ".netrc"} <= ignored
+
+
+# ---- NCCL and gloo: their own choices, but where a recipe must name the network -----------------
+
+NETWORK_VARIABLE = re.compile(r"\b(?:NCCL|GLOO)_[A-Z0-9_]+\b")
+
+
+def network_variables(variables: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in variables.items() if NETWORK_VARIABLE.fullmatch(name)}
+
+
+def declared_in_dockerfile(dockerfile: Path) -> dict[str, str]:
+    """Every ENV and ARG of the Dockerfile, NAME -> value ("" for an ARG without a default)."""
+    declared = {}
+    for kind, args in instructions(dockerfile):
+        if kind in ("ENV", "ARG"):
+            declared.update(word.partition("=")[::2] for word in shlex.split(args))
+    return declared
+
+
+def named_in_code(path: Path) -> dict[str, str]:
+    """NCCL_* and GLOO_* named outside comments in a script: set, exported or passed on, it counts."""
+    code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+    return {name: "(in the code)" for name in NETWORK_VARIABLE.findall(code)}
+
+
+def named_in_readme(readme: Path) -> dict[str, str]:
+    """NCCL_* and GLOO_* that a launch README has the reader set: in its commands and its settings table."""
+    commands = "\n".join(re.findall(r"```bash\n(.*?)```", readme.read_text(), re.DOTALL))
+    settings = "\n".join(line for line in readme.read_text().splitlines() if line.startswith("| Environment"))
+    return {name: "(in the README)" for name in NETWORK_VARIABLE.findall(commands + settings)}
+
+
+def network_settings(project: Path) -> dict[str, dict[str, str]]:
+    """The NCCL_* and GLOO_* variables the image and each launch recipe set, by where they are set."""
+    settings = {"Dockerfile": network_variables(declared_in_dockerfile(project / "Dockerfile"))}
+    for pod in job_pods(load_manifests(project), namespace="ns"):
+        settings[f"launch/pod/job.yaml, pod {pod['hostname']}"] = network_variables(pod["env"])
+    for compose_file in compose_files(project):
+        for name, service in yaml.safe_load(compose_file.read_text())["services"].items():
+            where = f"{compose_file.relative_to(project).as_posix()}, service {name}"
+            settings[where] = network_variables(service.get("environment", {}))
+    for script in [*shell_scripts(project / "launch"), *sorted((project / "launch").rglob("*.py"))]:
+        settings[script.relative_to(project).as_posix()] = named_in_code(script)
+    for readme in sorted((project / "launch").glob("*/README.md")):
+        settings[readme.relative_to(project).as_posix()] = named_in_readme(readme)
+    return settings
+
+
+@pytest.mark.parametrize("answer_set", ANSWER_SETS)
+def test_nccl_and_gloo_are_set_only_where_the_network_must_be_named(projects, answer_set):
+    """The image overrides neither NCCL's choice nor a site's /etc/nccl.conf. Swarm's overlay is named, and for
+    gloo as for NCCL (gloo would bind to another interface); InfiniBand is off there, as no service gets its devices."""
+    settings = network_settings(projects[answer_set])
+    read = {where.partition(",")[0] for where in settings}
+    assert {"Dockerfile", "launch/pod/job.yaml", "launch/swarm/compose.yaml", "launch/slurm/train.sbatch",
+            *TORCHRUN_SCRIPTS, "launch/torchrun/torchrun_with_status.py", "launch/sing/README.md"} <= read  # fmt: skip
+    swarm = {where: variables for where, variables in settings.items() if where.startswith("launch/swarm/compose")}
+    assert len(swarm) == int(answers(answer_set)["num_nodes"])
+    for where, variables in swarm.items():
+        interface = variables.get("NCCL_SOCKET_IFNAME")
+        assert interface, where
+        assert variables == {"NCCL_SOCKET_IFNAME": interface, "GLOO_SOCKET_IFNAME": interface, "NCCL_IB_DISABLE": "1"}
+    others = {where: variables for where, variables in settings.items() if where not in swarm and variables}
+    assert others == {}
 
 
 # ---- torchrun: the scripts really train -------------------------------------------------------

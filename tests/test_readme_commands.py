@@ -88,6 +88,10 @@ NOT_RUN_HERE = {
         "tests/test_containers.py::test_two_containers_form_one_job_by_their_dns_names",
     ),
     "docker push": Elsewhere("needs a registry"),
+    "docker run ": Elsewhere(
+        "needs Docker and GPUs; the image's own command runs in podman",
+        "tests/test_containers.py::test_two_containers_form_one_job_by_their_dns_names",
+    ),
     "docker node update": Elsewhere("labels the machines of a multi-machine Swarm; the test's Swarm is one machine"),
     "docker stack ": Elsewhere("needs a Docker Swarm", "tests/test_containers.py::test_swarm_stack_trains_as_one_job"),
     "docker service logs": Elsewhere(

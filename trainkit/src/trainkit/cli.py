@@ -59,6 +59,7 @@ from trainkit.run.diagnostics import ExplainDistributedFailure, LogProcessPlacem
 from trainkit.run.errors import ConfigError
 from trainkit.run.exit_codes import CANNOT_WRITE, CONFIG_ERROR, INTERRUPTED, LOST_NODE, PREEMPTED
 from trainkit.run.lock import lock_run_dir
+from trainkit.run.machine import CheckThisMachine
 from trainkit.run.quiet import quiet_library_noise
 from trainkit.run.speed import use_fast_defaults
 from trainkit.run.stopping import stop_with_this_process
@@ -152,6 +153,7 @@ class ProjectCLI(LightningCLI):
             ExplainDistributedFailure(config.cluster.timeout),
             RefuseCheckpointsThatDoNotFit(),
             CheckCheckpointDisk(),  # room for a checkpoint before training; a failed write ends the job
+            CheckThisMachine(),  # a compiler for a compiled model, /dev/shm enough (run/machine.py)
             ResumableData(),  # ordinary DataLoaders resume exactly, mid-epoch too (data/resumable.py)
         ]
         if config.trainer.enable_progress_bar is None and not sys.stdout.isatty():

@@ -85,8 +85,8 @@ class ShardedStrategy(ModelParallelStrategy):
         super().setup_environment()
         if self.saving.asynchronous:
             # Background saves talk over a group of their own: on the training's group their messages
-            # would cross FSDP's. gloo, since torch saves from CPU memory.
-            self._checkpoint_group = dist.new_group(backend="gloo")
+            # would cross FSDP's. gloo, since torch saves from CPU memory; cluster.timeout, not gloo's 30 minutes.
+            self._checkpoint_group = dist.new_group(backend="gloo", timeout=self._timeout)
 
     def setup(self, trainer: Trainer) -> None:
         module = self.lightning_module
