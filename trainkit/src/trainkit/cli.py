@@ -60,6 +60,7 @@ from trainkit.run.errors import ConfigError
 from trainkit.run.exit_codes import CANNOT_WRITE, CONFIG_ERROR, INTERRUPTED, LOST_NODE, PREEMPTED
 from trainkit.run.lock import lock_run_dir
 from trainkit.run.machine import CheckThisMachine
+from trainkit.run.node_watch import watch_started_processes
 from trainkit.run.quiet import quiet_library_noise
 from trainkit.run.speed import use_fast_defaults
 from trainkit.run.stopping import stop_with_this_process
@@ -222,6 +223,7 @@ LAUNCHER_STOPS_THE_OTHERS_SECONDS = 10.0
 def main(args: list[str] | None = None) -> None:
     _show_info_logs()
     quiet_library_noise()
+    watch_started_processes()  # a lost peer ends the node with 75, not Lightning's SIGKILL
     try:
         ProjectCLI(
             LightningModule,

@@ -73,10 +73,15 @@ class ExplainDistributedFailure(Callback):
         exception.add_note(explain(exception, trainer, self.timeout, self.placement, missing))
 
 
+# What gloo's and NCCL's errors say when a peer died or stopped answering. A stalled peer (its
+# connections open) ends in "Application timeout caused pair closure", which names neither backend.
+LOST_CONTACT_WORDS = ("gloo", "nccl", "pair closure")
+
+
 def lost_contact(exception: BaseException) -> bool:
     """Whether the job failed because processes could not reach each other (exit_codes.LOST_NODE)."""
     message = str(exception).lower()
-    return isinstance(exception, DistError) or "gloo" in message or "nccl" in message
+    return isinstance(exception, DistError) or any(words in message for words in LOST_CONTACT_WORDS)
 
 
 # Answers come within a second of a loss; a busy machine may need several.

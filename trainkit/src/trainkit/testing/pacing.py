@@ -1,5 +1,6 @@
 """Test-only callbacks that slow a run down and say when it got somewhere, so a test can act at that moment."""
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -8,7 +9,10 @@ from lightning.pytorch import Callback, Trainer
 
 
 class PaceSteps(Callback):
-    """Sleep after every training step; once step `at_step` is done, rank 0 creates the file `marker`."""
+    """Sleep after every training step; once step `at_step` is done, rank 0 creates the file `marker`.
+
+    Each process also writes its process id to `<marker>.rank<global rank>`, for a test that signals one of them.
+    """
 
     def __init__(self, marker: str, at_step: int = 3, seconds_per_step: float = 0.2) -> None:
         self.marker = Path(marker)
@@ -17,8 +21,10 @@ class PaceSteps(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
         time.sleep(self.seconds_per_step)
-        if trainer.global_step == self.at_step and trainer.is_global_zero:
-            self.marker.touch()
+        if trainer.global_step == self.at_step:
+            Path(f"{self.marker}.rank{trainer.global_rank}").write_text(str(os.getpid()))
+            if trainer.is_global_zero:
+                self.marker.touch()
 
 
 class PaceSanityCheck(Callback):

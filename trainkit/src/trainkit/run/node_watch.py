@@ -1,0 +1,59 @@
+"""The node's first process watches the processes Lightning started beside it; a lost peer ends the node with 75.
+
+Lightning's own watcher SIGKILLs the whole node, the first process too, as soon as one of them
+exits non-zero: the platform then sees 137 and does not retry. When the one that ended was aborted
+(NCCL's watchdog, SIGABRT) or exited 75 (it lost a peer, run/diagnostics.py), the node ends the
+others and exits 75 itself, with one line saying so. Any other failure keeps Lightning's behaviour.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+
+from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
+
+from trainkit.run.exit_codes import LOST_NODE
+
+LOST_PEER = {-signal.SIGABRT, 128 + signal.SIGABRT, LOST_NODE}  # how a process that lost a peer ends
+POLL_SECONDS = 1
+
+
+def watch_started_processes() -> None:
+    """From now on, the processes Lightning starts on this node are watched by `StartedProcessesWatch`."""
+    pytorch_launcher._launch_process_observer = _start_watch  # Lightning has no public hook for its watcher
+    fabric_launcher._launch_process_observer = _start_watch
+
+
+def _start_watch(child_processes: list[subprocess.Popen]) -> None:
+    StartedProcessesWatch(main_pid=os.getpid(), child_processes=child_processes, sleep_period=POLL_SECONDS).start()
+
+
+class StartedProcessesWatch(_ChildProcessObserver):
+    """Lightning's watcher, except that a process that lost a peer ends the node with exit 75.
+
+    It reads the launcher's list of processes, which the kit empties when this process handles the
+    failure itself (a preemption, a lost peer seen here first).
+    """
+
+    def _run(self) -> bool:
+        for process in self._child_processes:
+            process.poll()
+        lost = [process for process in self._child_processes if process.returncode in LOST_PEER]
+        if not lost:
+            return super()._run()
+        for process in self._child_processes:
+            if process.returncode is None:
+                process.kill()
+        status = lost[0].returncode
+        how = "was aborted (SIGABRT)" if status in (-signal.SIGABRT, 128 + signal.SIGABRT) else f"exited with {status}"
+        sys.stdout.flush()
+        print(
+            f"error: the process Lightning started on this node as pid {lost[0].pid} {how}: it lost a peer;"
+            f" ending this node's processes, exiting with {LOST_NODE} so that the job is retried",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(LOST_NODE)

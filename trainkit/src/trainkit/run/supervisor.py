@@ -1,0 +1,106 @@
+"""The parent of each training process: an abort means a peer was lost, and the job is retried (exit 75).
+
+Under NCCL, a collective whose peer died, stalled or outlasted `cluster.timeout` does not raise in
+Python: NCCL's watchdog thread ends the process with SIGABRT (exit 134, TORCH_NCCL_ASYNC_ERROR_HANDLING
+at torch's default, 3). A scheduler reads 134 as a crash and does not requeue it. So the command a
+platform or launcher starts (a container's command, each torchrun worker, each srun task) runs the
+training in a child process and only waits for it: it passes SIGTERM and SIGINT on, and ends as the
+child ended, except that an abort becomes exit 75 (run/exit_codes.py) with one line saying why.
+
+The child's own children (the processes Lightning starts on a node, data loader workers) are
+adopted by this process if the child dies first (a subreaper), so the node ends only once all of
+them have, within STRAGGLERS_WAIT_SECONDS.
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainkit.run.exit_codes import LOST_NODE
+
+SUPERVISED = "TRAINKIT_SUPERVISED"  # set in the training process and inherited by every process it starts
+FORWARDED = (signal.SIGTERM, signal.SIGINT)
+STRAGGLERS_WAIT_SECONDS = 30  # for the processes the child started to end after it (a peer's timeout, a save)
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def supervise() -> None:
+    """In the process a platform started: run this command again as a child, wait, and exit as it did.
+
+    Returns at once in the child (and in every process it starts), which goes on to train.
+    """
+    if os.environ.get(SUPERVISED) or sys.platform != "linux":
+        return
+    os.environ[SUPERVISED] = "1"
+    _become_subreaper()
+    child: subprocess.Popen | None = None
+    received: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signum)
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]])
+    for signum in received:  # arrived while the child was starting
+        child.send_signal(signum)
+    status = child.wait()
+    _wait_for_stragglers()
+    sys.stdout.flush()
+    if status == -signal.SIGABRT or status == 128 + signal.SIGABRT:
+        print(aborted_line(), file=sys.stderr, flush=True)
+        os._exit(LOST_NODE)
+    if status < 0:  # end the way the child ended, as a shell and a scheduler would have seen it
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    os._exit(status)
+
+
+def aborted_line() -> str:
+    dumps = os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "/tmp/nccl_trace_rank_")
+    return (
+        "error: the training process was aborted (SIGABRT), as NCCL's watchdog ends a process whose collective"
+        " failed or outlasted cluster.timeout: a peer stopped answering (see the other nodes' logs; each"
+        f" process's last collectives are in {dumps}<rank>); exiting with 75 so that the job is retried"
+    )
+
+
+def _become_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _wait_for_stragglers() -> None:
+    """Reap the processes left behind by the child; kill those still running after STRAGGLERS_WAIT_SECONDS."""
+    deadline = time.monotonic() + STRAGGLERS_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # none left
+        if pid == 0:
+            time.sleep(0.1)
+    for pid in _children():
+        os.kill(pid, signal.SIGKILL)
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _children() -> list[int]:
+    ours = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # the parent's id is the second field after the command name, which may hold spaces
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == os.getpid():
+                ours.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+    return ours

@@ -1,0 +1,135 @@
+"""A lost or stalled peer ends every other process of a 2 nodes x 2 processes job with exit 75 and a line naming it.
+
+NCCL's watchdog ends a process whose collective failed with SIGABRT; here, on CPU over gloo, the
+drills send that SIGABRT themselves, to a node's second process and to its first (the one
+Lightning started the other from). A stalled node (SIGSTOP: its connections stay open, as with a
+hung driver) must be told from a slow one only by `cluster.timeout`.
+"""
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .drills import full_epochs_args, last_words, node_envs, paced, process_tree, start_nodes, wait_for
+from .helpers import TRAIN_SCRIPT, clean_env, free_port
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_SECONDS = 20
+PLATFORMS = ["SING", "POD", "torchrun"]
+
+
+def start_job(platform: str, experiment: Path, tmp_path: Path) -> tuple[list[subprocess.Popen], Path]:
+    """Two nodes of two processes each, paced, with the marker written after step 3."""
+    marker = tmp_path / "step-3"
+    args = ["fit", *full_epochs_args(experiment, tmp_path / "run", epochs=4),
+            "--cluster.timeout", f"0:00:{TIMEOUT_SECONDS}", *paced(marker, at_step=3)]  # fmt: skip
+    port = free_port()
+    if platform == "torchrun":
+        endpoint = f"127.0.0.1:{port}"
+        commands = [
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
+             "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "drill",
+             str(TRAIN_SCRIPT), *args]
+            for rank in range(2)
+        ]  # fmt: skip
+        envs = [clean_env(), clean_env()]
+    else:
+        command = [sys.executable, str(TRAIN_SCRIPT), *args, "--trainer.devices", "2", "--cluster.main_port", str(port)]
+        commands, envs = [command, command], node_envs(platform, port)
+    nodes = start_nodes(commands, envs, tmp_path / "logs")
+    wait_for(marker, nodes[0], tmp_path / "logs" / "node0.log")
+    deadline = time.monotonic() + 30
+    while not all(Path(f"{marker}.rank{rank}").exists() for rank in range(4)):
+        assert time.monotonic() < deadline, "not every process reached step 3"
+        time.sleep(0.1)
+    return nodes, marker
+
+
+def pid_of(marker: Path, global_rank: int) -> int:
+    return int(Path(f"{marker}.rank{global_rank}").read_text())
+
+
+def end_of_job(nodes: list[subprocess.Popen], within: float) -> list[int | str]:
+    """Each node's exit status once the job ended, "hung" for a node still running after `within` seconds."""
+    deadline = time.monotonic() + within
+    codes: list[int | str] = []
+    for node in nodes:
+        try:
+            codes.append(node.wait(timeout=max(deadline - time.monotonic(), 0.1)))
+        except subprocess.TimeoutExpired:
+            codes.append("hung")
+    for node in nodes:
+        for pid in reversed(process_tree(node.pid)):  # what a drill left behind: stopped or hung processes
+            for signum in (signal.SIGCONT, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+        node.wait()
+    return codes
+
+
+def node_status(platform: str, code: int | str, log: Path) -> int | str:
+    """The node's exit status as its platform acts on it. torchrun itself exits 1 whenever a worker failed:
+    the generated project's wrapper (launch/torchrun/torchrun_with_status.py) reads its workers' statuses,
+    as here, counting 143 (torchrun stopped the worker) only when no worker says anything else."""
+    if platform != "torchrun" or code == "hung":
+        return code
+    exitcodes = re.findall(r"exitcode\s*:\s*(-?\d+)", log.read_text())
+    statuses = {128 - int(code) if int(code) < 0 else int(code) for code in exitcodes}  # as a shell reports them
+    return (statuses - {143}).pop() if len(statuses - {143}) == 1 else f"torchrun workers {sorted(statuses)}"
+
+
+def error_line(platform: str, log: Path) -> str:
+    """The node's closing error line: its last line, or under torchrun the last before torchrun's own summary."""
+    if platform != "torchrun":
+        return last_words(log)
+    errors = [line for line in log.read_text().splitlines() if line.startswith("error:")]
+    return errors[-1] if errors else ""
+
+
+def logs_of(tmp_path: Path) -> str:
+    return "\n".join(f"--- node{index}:\n" + (tmp_path / "logs" / f"node{index}.log").read_text()[-3000:]
+                     for index in range(2))  # fmt: skip
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("aborted", [3, 2], ids=["second-process", "first-process"])
+def test_an_aborted_process_ends_every_node_with_75(platform, aborted, experiment, tmp_path):
+    nodes, marker = start_job(platform, experiment, tmp_path)
+    os.kill(pid_of(marker, aborted), signal.SIGABRT)  # as NCCL's watchdog ends a process
+    codes = end_of_job(nodes, within=TIMEOUT_SECONDS + 30)
+    logs = [tmp_path / "logs" / f"node{index}.log" for index in range(2)]
+    statuses = [node_status(platform, code, log) for code, log in zip(codes, logs, strict=True)]
+    assert statuses == [75, 75], logs_of(tmp_path)
+    survivor = error_line(platform, logs[0])
+    assert "node 1 (host" in survivor, logs_of(tmp_path)
+    assert error_line(platform, logs[1]), logs_of(tmp_path)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_a_stalled_node_ends_the_others_with_75_within_the_timeout(platform, experiment, tmp_path):
+    nodes, _ = start_job(platform, experiment, tmp_path)
+    # Every training process of node 1 freezes, its connections open; torchrun's agent goes on, as it
+    # would beside a hung GPU driver.
+    tree = process_tree(nodes[1].pid)
+    for pid in tree[1:] if platform == "torchrun" else tree:
+        os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        code: int | str = nodes[0].wait(timeout=TIMEOUT_SECONDS + 30)
+    except subprocess.TimeoutExpired:
+        code = "hung"
+    elapsed = time.monotonic() - started
+    end_of_job(nodes, within=0)
+    log = logs_of(tmp_path)
+    assert node_status(platform, code, tmp_path / "logs" / "node0.log") == 75, log
+    assert elapsed < TIMEOUT_SECONDS + 30, log
+    line = error_line(platform, tmp_path / "logs" / "node0.log")
+    assert "node 1 (host" in line and "global ranks 2, 3" in line, log
