@@ -1,0 +1,98 @@
+"""A forked process (a data loader worker) that never starts ends the job with one line and exit 75, not a hang.
+
+Every training process has threads when its loader forks workers (the kit's stop-signals watcher,
+gloo's, wandb's). A fork copies only the thread that called it: a lock another thread held at that
+moment stays held in the child, and a child that needs it waits forever inside `os.fork()`, before
+any of its own code runs. Its parent then waits on the loader's queue until the platform kills the
+job, and the same job may hang again on its restart.
+
+So each fork is counted in the parent, and each child says it arrived as the last thing it does
+after the fork (a pid written to a pipe: no lock involved). A fork whose child has not arrived
+within WORKER_START_SECONDS ends this process with exit 75 (exit_codes.LOST_NODE: retried, it
+resumes), naming the child; the other processes of the job then lose this one and end with 75 too.
+"""
+
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from trainkit.run.exit_codes import LOST_NODE
+
+WORKER_START_SECONDS = 60.0  # a fork of a large process copies its page tables: seconds, never a minute
+
+_fork_times: list[float] = []  # when this process forked, oldest first
+_arrived: set[int] = set()  # the children that said they started
+_write_end = -1
+
+
+def watch_worker_starts() -> None:
+    """From now on, a process forked from this one that does not start in time ends this one with exit 75."""
+    global _write_end
+    read_end, _write_end = os.pipe()
+    os.register_at_fork(before=_count_fork, after_in_child=_say_arrived)
+    threading.Thread(target=_watch, args=(read_end,), name="worker-starts", daemon=True).start()
+
+
+def _count_fork() -> None:
+    _fork_times.append(time.monotonic())
+
+
+def _say_arrived() -> None:
+    # Registered after the kit's other fork hooks (run/stopping.py), so this runs once they have run.
+    os.write(_write_end, os.getpid().to_bytes(4, "little"))
+    _fork_times.clear()  # the child counts its own forks only
+    _arrived.clear()
+
+
+def _watch(read_end: int) -> None:
+    pending = b""
+    while True:
+        if select.select([read_end], [], [], 1.0)[0]:
+            pending += os.read(read_end, 4096)
+            while len(pending) >= 4:
+                _arrived.add(int.from_bytes(pending[:4], "little"))
+                pending = pending[4:]
+        waiting = len(_fork_times) - len(_arrived)
+        if waiting > 0 and time.monotonic() - _fork_times[len(_arrived)] > WORKER_START_SECONDS:
+            _end_the_job(_not_arrived())
+
+
+def _not_arrived() -> list[int]:
+    """The children of this process forked from it (not started as programs) that never said they arrived."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # the parent's id is the second field after the command name, which may hold spaces
+            pid = int(stat.parent.name)
+            if int(stat.read_text().rpartition(")")[2].split()[1]) != os.getpid() or pid in _arrived:
+                continue
+            if _forked(pid):
+                children.append(pid)
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+    return children
+
+
+def _forked(pid: int) -> bool:
+    """A forked child has this process's command and environment; a program it started has its own (the
+    processes Lightning starts run the same command, with LOCAL_RANK added)."""
+    return all(Path(f"/proc/{pid}/{part}").read_bytes() == Path(f"/proc/self/{part}").read_bytes()
+               for part in ("cmdline", "environ"))  # fmt: skip
+
+
+def _end_the_job(hung: list[int]) -> None:
+    which = f"pid {', '.join(map(str, hung))}" if hung else "its pid is unknown"
+    sys.stdout.flush()
+    print(
+        f"error: a data loader worker of this process (pid {os.getpid()}) did not start within"
+        f" {WORKER_START_SECONDS:.0f} s of its fork ({which}), probably stuck on a lock another thread held when it"
+        f" was forked; exiting with {LOST_NODE} so that the job is retried",
+        file=sys.stderr,
+        flush=True,
+    )
+    for pid in hung:
+        os.kill(pid, signal.SIGKILL)
+    os._exit(LOST_NODE)

@@ -1,0 +1,42 @@
+"""Data loader workers start from a process with threads; one stuck in its fork ends the job with 75, never a hang."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .drills import full_epochs_args, process_tree
+from .helpers import PROJECT_ROOT, clean_env, quick_run_args, run_train
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_worker_stuck_in_its_fork_ends_the_job_with_75_and_names_it(experiment, tmp_path):
+    command = [sys.executable, str(PROJECT_ROOT / "train_with_stuck_forks.py"), "fit",
+               *full_epochs_args(experiment, tmp_path / "run"), "--data.num_workers", "2"]  # fmt: skip
+    started = time.monotonic()
+    run = subprocess.Popen(command, cwd=PROJECT_ROOT, env=clean_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    try:
+        output, _ = run.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        for pid in process_tree(run.pid):
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+        pytest.fail("the job hung on its stuck workers")
+    assert run.returncode == 75, output[-3000:]
+    assert time.monotonic() - started < 90
+    line = output.strip().splitlines()[-1]
+    assert line.startswith("error: a data loader worker of this process") and "did not start within 5 s" in line, (
+        output[-3000:]
+    )
+    assert "(pid " in line.partition("of its fork")[2]  # the stuck worker named
+
+
+def test_two_process_fits_with_loader_workers_start_every_worker(experiment, tmp_path):
+    # Workers forked from processes with threads (gloo's, wandb's, the kit's), one fit after another.
+    for attempt in range(3):
+        result = run_train("fit", *quick_run_args(experiment, tmp_path / f"run{attempt}"), "--trainer.devices", "2",
+                           "--data.num_workers", "2", timeout=240)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "did not start" not in result.stderr
