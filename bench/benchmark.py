@@ -144,19 +144,8 @@ class Runner:
         for directory in (self.work, self.logs):
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(parents=True)
-        env = {k: v for k, v in os.environ.items() if k not in CLUSTER_NAMES and not k.startswith(CLUSTER_PREFIXES)}
-        for name in REUSE_FREED_MEMORY:
-            env.pop(name, None)
-        env.update(
-            OMP_NUM_THREADS="1",
-            MKL_NUM_THREADS="1",
-            WANDB_MODE="offline",  # the default logger, with no network or account
-            PYTHONUNBUFFERED="1",
-            # Before what the caller set, which may hold the project's dependencies (a machine with no network).
-            PYTHONPATH=os.pathsep.join(filter(None, [str(project / "src"), str(BENCH), env.get("PYTHONPATH")])),
-        )
-        self.glibc_default_env = env
-        self.env = {**env, **REUSE_FREED_MEMORY}
+        self.glibc_default_env = measured_env(project, glibc_malloc_defaults=True)
+        self.env = measured_env(project)
 
     def import_floor(self, name: str, imports: str) -> float:
         """Seconds from starting a process to the end of its imports (not its exit, which takes about a second)."""
@@ -275,6 +264,23 @@ class Runner:
         """A clock's figures, with the start-up in seconds instead of the first step's wall-clock time."""
         first_step = result.pop("first_step_wall_time")
         return {**result, "startup_s": first_step - started}
+
+
+def measured_env(project: Path, glibc_malloc_defaults: bool = False) -> dict[str, str]:
+    """This process's environment for a measured process: no cluster variables, one torch thread, wandb
+    offline, the project and bench/ importable, and malloc keeping freed memory unless `glibc_malloc_defaults`."""
+    env = {k: v for k, v in os.environ.items() if k not in CLUSTER_NAMES and not k.startswith(CLUSTER_PREFIXES)}
+    for name in REUSE_FREED_MEMORY:
+        env.pop(name, None)
+    env.update(
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        WANDB_MODE="offline",  # the default logger, with no network or account
+        PYTHONUNBUFFERED="1",
+        # Before what the caller set, which may hold the project's dependencies (a machine with no network).
+        PYTHONPATH=os.pathsep.join(filter(None, [str(project / "src"), str(BENCH), env.get("PYTHONPATH")])),
+    )
+    return env if glibc_malloc_defaults else {**env, **REUSE_FREED_MEMORY}
 
 
 def free_port() -> int:
