@@ -24,6 +24,7 @@ import torch
 from trainkit.checkpoints.resume import newer_from_store
 from trainkit.checkpoints.stored import StoredCheckpointIO, family, stored_name
 from trainkit.store.object_store import FsspecStore, StoreConflict, StoreError, open_store
+from trainkit.testing.runs import training_pid
 
 from .drills import (
     exit_code,
@@ -311,20 +312,21 @@ def test_a_second_job_on_one_store_location_is_refused_and_a_killed_ones_lock_ta
     marker, log = tmp_path / "step-2", tmp_path / "first.log"
     first = start(args("first", *held(marker, tmp_path / "never", at_step=2)), s3.env(), log)
     wait_for(marker, first, log)
+    holder = training_pid(first)  # the lock is the training process's (run/supervisor.py)
     second = run_train(*args("second"), env=s3.env())
     assert first.poll() is None, "the first job must still hold the lock"
     errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
     assert second.returncode == 2 and len(errors) == 1, second.stderr[-3000:]
     assert f"checkpoint store s3://{BUCKET}/locked is in use by another job: host {socket.gethostname()}, process" \
-           f" {first.pid}, started" in errors[0]  # fmt: skip
+           f" {holder}, started" in errors[0]  # fmt: skip
     assert not (tmp_path / "second" / "checkpoints").exists() or not list((tmp_path / "second").rglob("*.ckpt"))
 
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     third = run_train(*args("third"), env=s3.env())
     assert third.returncode == 0, third.stderr[-3000:]
-    assert f"taking over the lock of host {socket.gethostname()}, process {first.pid}" in third.stderr + third.stdout
-    assert f"process {first.pid} has ended" in third.stderr + third.stdout
+    assert f"taking over the lock of host {socket.gethostname()}, process {holder}" in third.stderr + third.stdout
+    assert f"process {holder} has ended" in third.stderr + third.stdout
     assert "run.lock" not in s3.names("locked")  # released when the job ended
 
 

@@ -16,6 +16,7 @@ from lightning.pytorch import Callback, Trainer
 
 from trainkit.run import lock as run_lock
 from trainkit.run.errors import ConfigError
+from trainkit.testing.runs import training_pid
 
 from .drills import STEPS_PER_EPOCH, TWO_PROCESS_STEPS_PER_EPOCH, full_epochs_args, load, start, wait_for
 from .helpers import clean_env, quick_run_args, run_train
@@ -52,6 +53,7 @@ def test_a_second_job_is_refused_in_one_line_while_evaluation_runs_beside_the_fi
     first = start([*args, *held(marker, go, at_step=2)], clean_env(), log)
     try:
         wait_for(marker, first, log)
+        holder = training_pid(first)  # the lock is the training process's (run/supervisor.py)
         wandb_runs = sorted((run_dir / "wandb").glob("offline-run-*"))
         # The same command again, as a second job: refused before it builds anything.
         second = run_train(*args)
@@ -66,13 +68,13 @@ def test_a_second_job_is_refused_in_one_line_while_evaluation_runs_beside_the_fi
 
     assert second.returncode == 2, second.stderr[-4000:]
     assert second.stderr.strip().splitlines()[-1] == (
-        f"error: run directory {run_dir} is in use by another job: host {socket.gethostname()}, process {first.pid},"
+        f"error: run directory {run_dir} is in use by another job: host {socket.gethostname()}, process {holder},"
         f" started {lock['started']} ({run_dir / 'run.lock'}); stop it, or give this run another"
         " --trainer.default_root_dir"
     )
     assert validated.returncode == 0, validated.stderr[-4000:]
     # Two processes, one lock: the job's first process holds it, and the one Lightning started took none.
-    assert lock["pid"] == first.pid
+    assert lock["pid"] == holder
     assert not (run_dir / "run.lock").exists(), "the lock outlived its job"
     # The first job's work is whole: it trained every step.
     assert load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 2 * TWO_PROCESS_STEPS_PER_EPOCH
@@ -84,15 +86,16 @@ def test_a_lock_left_by_a_killed_job_is_taken_over_by_the_same_command(experimen
     args = ["fit", *full_epochs_args(experiment, run_dir)]
     killed = start([*args, *held(marker, go, at_step=STEPS_PER_EPOCH + 2)], clean_env(), log)  # in the second epoch
     wait_for(marker, killed, log)
+    holder = training_pid(killed)  # the lock is the training process's (run/supervisor.py)
     os.killpg(killed.pid, signal.SIGKILL)  # the OOM killer, a node failure: nothing runs on exit
     killed.wait(timeout=30)
-    assert json.loads((run_dir / "run.lock").read_text())["pid"] == killed.pid
+    assert json.loads((run_dir / "run.lock").read_text())["pid"] == holder
 
     restarted = run_train(*args)
     output = restarted.stdout + restarted.stderr
     assert restarted.returncode == 0, output[-4000:]
-    assert f"taking over the lock of host {socket.gethostname()}, process {killed.pid}," in output
-    assert f"process {killed.pid} has ended" in output
+    assert f"taking over the lock of host {socket.gethostname()}, process {holder}," in output
+    assert f"process {holder} has ended" in output
     assert "Restoring states from the checkpoint" in output
     assert load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 2 * STEPS_PER_EPOCH
     assert not (run_dir / "run.lock").exists()

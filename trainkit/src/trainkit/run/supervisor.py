@@ -25,7 +25,7 @@ from trainkit.run.exit_codes import LOST_NODE
 SUPERVISED = "TRAINKIT_SUPERVISED"  # set in the training process and inherited by every process it starts
 FORWARDED = (signal.SIGTERM, signal.SIGINT)
 STRAGGLERS_WAIT_SECONDS = 30  # for the processes the child started to end after it (a peer's timeout, a save)
-PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # linux/prctl.h
 
 
 def supervise() -> None:
@@ -47,7 +47,8 @@ def supervise() -> None:
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
-    child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]])
+    # The child never outlives this process: a SIGKILL here (a launcher's, the OOM killer's) ends it too.
+    child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]], preexec_fn=_die_with_the_parent)
     for signum in received:  # arrived while the child was starting
         child.send_signal(signum)
     status = child.wait()
@@ -57,7 +58,8 @@ def supervise() -> None:
         print(aborted_line(), file=sys.stderr, flush=True)
         os._exit(LOST_NODE)
     if status < 0:  # end the way the child ended, as a shell and a scheduler would have seen it
-        signal.signal(-status, signal.SIG_DFL)
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):  # the two a process cannot handle
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
     os._exit(status)
 
@@ -72,8 +74,12 @@ def aborted_line() -> str:
 
 
 def _become_subreaper() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _die_with_the_parent() -> None:
+    # In the child between fork and exec (this process has no other thread: nothing to deadlock on).
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _wait_for_stragglers() -> None:

@@ -98,6 +98,17 @@ def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 
         time.sleep(0.2)
 
 
+def training_pid(process: subprocess.Popen, timeout: float = 30) -> int:
+    """The process that trains under `train.py` as started (run/supervisor.py): the one child it runs and waits for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        assert time.monotonic() < deadline, f"process {process.pid} started no training process"
+        time.sleep(0.1)
+
+
 def exit_code(process: subprocess.Popen, timeout: float, hang: str) -> int:
     """The process's exit status; a test failure (after killing its whole group) if it runs past `timeout`."""
     try:
