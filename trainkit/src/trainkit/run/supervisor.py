@@ -41,15 +41,16 @@ def supervise() -> None:
     received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
-        received.append(signum)
-        if child is not None and child.poll() is None:
+        if child is None:
+            received.append(signum)  # passed on once the child exists
+        elif child.poll() is None:
             child.send_signal(signum)
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
     # The child never outlives this process: a SIGKILL here (a launcher's, the OOM killer's) ends it too.
     child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]], preexec_fn=_die_with_the_parent)
-    for signum in received:  # arrived while the child was starting
+    for signum in received:
         child.send_signal(signum)
     status = child.wait()
     _wait_for_stragglers()
@@ -61,6 +62,7 @@ def supervise() -> None:
         if -status not in (signal.SIGKILL, signal.SIGSTOP):  # the two a process cannot handle
             signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
+        status = 128 - status  # as PID 1 of a container the kernel drops it: the status a shell would report
     os._exit(status)
 
 
