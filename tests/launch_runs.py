@@ -54,6 +54,10 @@ def quick_cpu_run(data: Path, out: Path) -> list[str]:
     ]  # fmt: skip
 
 
+# What the kit sets in every process for NCCL's watchdog and flight recorder (trainkit/run/nccl.py).
+NCCL_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+
+
 def rank_reports(out: Path) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted((out / "reports").glob("rank*.json"))]
 
@@ -66,6 +70,11 @@ def assert_one_process_group(out: Path, world: int, processes_per_node: int, log
         assert report["world_size"] == world
         assert report["node_rank"] == report["global_rank"] // processes_per_node
         assert report["local_rank"] == report["global_rank"] % processes_per_node
+        settings = report["nccl_settings"]  # what the kit sets in every process (trainkit/run/nccl.py)
+        # torchrun sets its own 1, which also ends a process whose collective failed (SIGABRT).
+        assert settings["TORCH_NCCL_ASYNC_ERROR_HANDLING"] in ("1", "3"), settings
+        assert settings["TORCH_FR_BUFFER_SIZE"] == NCCL_DEFAULTS["TORCH_FR_BUFFER_SIZE"], "no flight recorder"
+        assert settings["TORCH_NCCL_DUMP_ON_TIMEOUT"] == NCCL_DEFAULTS["TORCH_NCCL_DUMP_ON_TIMEOUT"], "no dump"
     assert len({report["weights"] for report in reports}) == 1, "ranks ended with different weights"
     assert len({report["global_step"] for report in reports}) == 1
     return reports

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from trainkit.run.nccl import DEFAULTS as NCCL_DEFAULTS
+
 from .drills import node_envs, start_node, start_nodes
 from .helpers import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, free_port, quick_run_args, run_train
 
@@ -64,6 +66,11 @@ def assert_one_job(reports_dir: Path, num_nodes: int) -> None:
     for report in reports:
         assert report["world_size"] == world
         assert report["global_rank"] == report["node_rank"] * DEVICES_PER_NODE + report["local_rank"]
+        settings = report["nccl_settings"]  # what the kit sets in every process (trainkit/run/nccl.py)
+        # torchrun sets its own 1, which also ends a process whose collective failed (SIGABRT).
+        assert settings["TORCH_NCCL_ASYNC_ERROR_HANDLING"] in ("1", "3"), settings
+        assert settings["TORCH_FR_BUFFER_SIZE"] == NCCL_DEFAULTS["TORCH_FR_BUFFER_SIZE"], "no flight recorder"
+        assert settings["TORCH_NCCL_DUMP_ON_TIMEOUT"] == NCCL_DEFAULTS["TORCH_NCCL_DUMP_ON_TIMEOUT"], "no dump"
     assert len({report["weights"] for report in reports}) == 1, "ranks ended with different weights"
     assert {report["global_step"] for report in reports} == {4}
 

@@ -2,11 +2,14 @@
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 from torch.distributed.tensor import DTensor
+
+from trainkit.run.nccl import DEFAULTS as NCCL_DEFAULTS
 
 
 class ReportRank(Callback):
@@ -32,6 +35,8 @@ class ReportRank(Callback):
             "world_size": trainer.world_size,
             "global_step": trainer.global_step,
             "weights": digest.hexdigest(),
+            # What NCCL's watchdog and flight recorder would run with here (run/nccl.py).
+            "nccl_settings": {name: os.environ.get(name) for name in NCCL_DEFAULTS},
         }
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
