@@ -9,7 +9,8 @@ import runpy
 import time
 from pathlib import Path
 
-os.register_at_fork(after_in_child=lambda: time.sleep(3600))
+if os.environ.get("TRAINKIT_SUPERVISED"):  # in the training process, not its parent (run/supervisor.py)
+    os.register_at_fork(after_in_child=lambda: time.sleep(3600))
 
 import trainkit.run.worker_start  # noqa: E402
 
