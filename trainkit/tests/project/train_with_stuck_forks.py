@@ -12,7 +12,7 @@ from pathlib import Path
 if os.environ.get("TRAINKIT_SUPERVISED"):  # in the training process, not its parent (run/supervisor.py)
     os.register_at_fork(after_in_child=lambda: time.sleep(3600))
 
-import trainkit.run.worker_start  # noqa: E402
+import trainkit.run.worker_start
 
 trainkit.run.worker_start.WORKER_START_SECONDS = 5.0
 runpy.run_path(str(Path(__file__).with_name("train.py")), run_name="__main__")
