@@ -11,6 +11,8 @@
 # background against saves that hold training up (bench/sharded.py; writes build/bench/sharded.json).
 # bash bench/run.sh stop [options]: SIGTERM to exit on one process, quiet and beside another training
 # (bench/stop_latency.py; about 5 minutes).
+# bash bench/run.sh parts [options]: where the template's time per step goes, part by part (bench/step_parts.py;
+# about a minute).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/venv.sh"
 cd "$ROOT"
@@ -21,6 +23,10 @@ fi
 if [ "${1:-}" = stop ]; then
     shift
     exec "$PYTHON" bench/stop_latency.py "$@"
+fi
+if [ "${1:-}" = parts ]; then
+    shift
+    exec "$PYTHON" bench/step_parts.py "$@"
 fi
 if [ "${1:-}" = sharded ]; then
     shift

@@ -13,6 +13,7 @@ sys.path.insert(0, str(TEMPLATE / "bench"))
 
 import benchmark  # noqa: E402
 import checkpoint_store  # noqa: E402
+import step_parts  # noqa: E402
 import stop_latency  # noqa: E402
 
 COMPARISON_FIGURES = (
@@ -116,3 +117,21 @@ def test_the_stop_benchmark_times_each_stop_quiet_and_loaded(default_project, re
         (sample,) = samples
         for name in ("to_saved_s", "saved_to_exit_s", "total_s"):
             assert_figure(sample[name])
+
+
+def test_the_parts_of_a_step_reach_their_json(default_project, real_mnist, tmp_path):
+    parts = step_parts.main(
+        ["--out", str(tmp_path), "--project", str(default_project), "--data-dir", str(real_mnist),
+         "--steps", "12", "--warmup", "2"]
+    )  # fmt: skip
+    assert json.loads((tmp_path / "parts-1p.json").read_text()) == parts
+    assert parts["steps"] >= 5
+    assert_figure(parts["median_step_ms"])
+    for name in (
+        "model: train_accuracy.update",
+        "data: the next batch (Lightning's fetcher)",
+        "optimizer: AdamW's update",
+        "Lightning calls callbacks' on_train_batch_end",
+        "callback PreemptionCheckpoint.on_train_batch_end",
+    ):
+        assert_figure(parts["ms_per_step"][name])

@@ -80,6 +80,26 @@ def test_sigterm_mid_epoch_saves_a_resumable_checkpoint_and_exits_143(experiment
     assert not (checkpoints / "preempted.ckpt").exists()
 
 
+def test_with_fast_steps_the_processes_agree_every_few_steps_and_still_stop_at_the_same_step(experiment, tmp_path):
+    # Steps of about 30 ms: the processes agree on a stop every few steps (every 0.5 s), not after each one.
+    run_dir, marker, log, samples = tmp_path / "run", tmp_path / "step-5", tmp_path / "train.log", tmp_path / "samples"
+    args = ["fit", *full_epochs_args(experiment, run_dir), "--data.train_size", "8192", "--trainer.devices", "2",
+            *paced(marker, at_step=5), "--trainer.callbacks.seconds_per_step", "0.02",
+            "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples",
+            "--trainer.callbacks.out_dir", str(samples)]  # fmt: skip
+    job = start(args, clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
+
+    checkpoints = run_dir / "checkpoints"
+    step = load(checkpoints / "preempted.ckpt")["global_step"]
+    assert 5 < step < 8192 // 32 // 2  # after the signal, in the first epoch (128 steps)
+    assert last_words(log) == f"SIGTERM: saved {checkpoints / 'preempted.ckpt'} at step {step}; exiting (143)"
+    trained = [len((samples / f"rank{rank}.jsonl").read_text().splitlines()) for rank in range(2)]
+    assert trained == [step, step], "every process stopped at the same step"
+
+
 def test_sigterm_to_every_process_of_the_job_still_saves_a_checkpoint(experiment, tmp_path):
     # Slurm signals every process of a task, wandb's service process among them, which then ends;
     # the run logs every step here, so a wandb call comes between the signal and the stop.

@@ -9,12 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint
-from torch import Tensor
 
+from trainkit.checkpoints.agreement import Agreement
 from trainkit.run.errors import ConfigError
 
 # The processes compare clocks after every 10th batch, so a save comes at most 20 batches late. After
@@ -28,9 +26,10 @@ class PeriodicCheckpoint(Checkpoint):
 
     One file, replaced atomically each time (checkpoints/io.py), which `ckpt_path: last` resumes from
     when it is the newest checkpoint. Every process must save at the same step. Steps count alike
-    everywhere; clocks do not, so the processes combine theirs (a max all-reduce of "time is up"
-    that runs while the next CLOCK_BATCHES batches compute and is waited for after them): no process
-    waits for another at any step but the one that saves.
+    everywhere; clocks do not, so the processes combine theirs (a max all-reduce of "time is up" on
+    the CPU, checkpoints/agreement.py, that runs while the next CLOCK_BATCHES batches compute and is
+    waited for after them): no process waits for another, or for a GPU, at any step but the one that
+    saves.
     """
 
     def __init__(
@@ -50,13 +49,13 @@ class PeriodicCheckpoint(Checkpoint):
         self._saved_at = time.monotonic()
         self._saved_step = 0
         self._batches = 0  # trained since training started, counted alike by every process
-        self._pending: tuple[Any, Tensor] | None = None  # the all-reduce in flight and its flag
+        self._time_is_up = Agreement()  # 1 once any process found its time up
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._saved_at = time.monotonic()
         self._saved_step = trainer.global_step  # a resumed run has this step saved already
         self._batches = 0
-        self._pending = None
+        self._time_is_up.start(getattr(trainer.strategy, "_timeout", None))  # every process, at the same point
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
         if trainer.fast_dev_run:
@@ -65,27 +64,20 @@ class PeriodicCheckpoint(Checkpoint):
         if self.every_n_steps is not None:
             due = trainer.global_step % self.every_n_steps == 0
         else:
-            due = self._batches % CLOCK_BATCHES == 0 and self._time_is_up(trainer.strategy.root_device)
+            due = self._batches % CLOCK_BATCHES == 0 and self._agreed_time_is_up()
         if due and trainer.global_step != self._saved_step:  # a step of several batches is saved once
             trainer.save_checkpoint(self.path, weights_only=False)  # said: Lightning logs its default otherwise
             self._saved_at, self._saved_step = time.monotonic(), trainer.global_step
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._pending is not None:
-            self._pending[0].wait()  # no collective left running when the job ends
-            self._pending = None
+        self._time_is_up.finish()  # no collective left running when the job ends
 
-    def _time_is_up(self, device: torch.device) -> bool:
+    def _agreed_time_is_up(self) -> bool:
         """Whether any process found its time up when last asked; asks again."""
-        agreed = False
-        if self._pending is not None:
-            work, flag = self._pending
-            work.wait()
-            agreed = bool(flag.item())
         time_is_up = time.monotonic() - self._saved_at >= self.seconds
-        if not (dist.is_available() and dist.is_initialized()):
-            return time_is_up
+        if not self._time_is_up.shared:
+            return time_is_up  # one process: no one to agree with
+        agreed = self._time_is_up.pending and self._time_is_up.agreed() == (1,)
         # Asked after a save too: that one is answered "no", so no two saves follow each other.
-        flag = torch.tensor([time_is_up and not agreed], device=device)
-        self._pending = (dist.all_reduce(flag, dist.ReduceOp.MAX, async_op=True), flag)
+        self._time_is_up.propose(int(time_is_up and not agreed))
         return agreed

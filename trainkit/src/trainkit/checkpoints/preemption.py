@@ -5,18 +5,17 @@ the newest of `last.ckpt` and `preempted.ckpt` in the checkpoint directory.
 """
 
 import logging
+import time
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor
 
+from trainkit.checkpoints.agreement import Agreement
 from trainkit.checkpoints.disk import checkpoint_dirs, newest_checkpoint
 from trainkit.checkpoints.io import CheckpointNotWritten
 from trainkit.checkpoints.saving import wait_for_checkpoints
@@ -26,6 +25,12 @@ from trainkit.run import stopping
 log = logging.getLogger(__package__)
 
 PREEMPTED_WAIT_SECONDS = 60  # for the other processes of a node to stop after the checkpoint
+# Several processes agree on a stop every AGREE_EVERY_SECONDS of training, counted in steps: each
+# agreement costs the training process 0.1-1 ms (a gloo all-reduce handed to gloo's thread, slowest
+# where every core is busy; bench/README.md in the template repository), as much as a small model's
+# whole GPU step. With steps longer than that, every step.
+AGREE_EVERY_SECONDS = 0.5
+MOST_STEPS_BETWEEN_AGREEMENTS = 100  # bounds the delay when steps suddenly slow down
 
 
 class PreemptionCheckpoint(OnExceptionCheckpoint):
@@ -33,23 +38,32 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
 
     Kubernetes, cloud platforms and Slurm send SIGTERM before they stop a job; Ctrl-C sends SIGINT.
     Once training has started, a process that receives one only notes it (run/stopping.py; before
-    training there is nothing to save and the process exits at once). After every training step the
-    processes combine what they noted (a max all-reduce that runs while the next step computes, and
-    is waited for after it), so they all stop at the same step, one step after the signal, and save
-    one consistent checkpoint. At the end of an epoch they wait for the answer at once, so no
-    validation starts after a signal. A signal during validation skips the rest of it: the weights
-    have not changed since the last step, the processes agree when validation ends, and the resumed
-    run goes on training without that validation's scores. The checkpoint is deleted once a later run
-    finishes training.
+    training there is nothing to save and the process exits at once). The processes of a job
+    combine what they noted every AGREE_EVERY_SECONDS of training, or after every step where a step
+    takes longer (checkpoints/agreement.py: a max all-reduce on the CPU that runs while the next steps
+    compute and is waited for at the next agreement, never waiting for a GPU), so they all stop at the
+    same step and save one consistent checkpoint: at most two agreements after the signal, about
+    1 s or two steps (the worst case against grace periods: bench/README.md in the template
+    repository). A process alone stops after the step in which the signal came. At the end of an
+    epoch they wait for the answer at once, so no validation starts after a signal. A signal during
+    validation skips the rest of it: the weights have not changed since the last step, the processes
+    agree when validation ends, and the resumed run goes on training without that validation's
+    scores. The checkpoint is deleted once a later run finishes training.
     """
 
     def __init__(self, dirpath: str | None = None, filename: str = "preempted") -> None:
         # dirpath None: the command line puts it in the run's checkpoints/ directory.
         super().__init__(dirpath or "checkpoints", filename)
-        self._pending: tuple[Any, Tensor] | None = None  # the all-reduce in flight and its flag
+        # The exit status a signal asked for on any process (0: go on), and the slowest process's mean step (µs).
+        self._stop = Agreement(size=2)
+        self._between = 1  # steps from one agreement to the next: the same on every process
+        self._steps = 0  # since the last agreement
+        self._since = time.monotonic()  # when the last agreement was proposed
+        self._step_us = 0  # this process's mean step between the last two agreements
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._pending = None
+        # Every process, at the same point: the agreement may make the job's gloo group (a collective).
+        self._stop.start(getattr(trainer.strategy, "_timeout", None))
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Lightning has just replaced the SIGTERM handler with its own, which broadcasts from rank 0
@@ -69,13 +83,13 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         # costs a synchronisation per step: 4-8% of the 2-process CPU throughput (bench/ in the
         # template repository). The kit's tests/test_speed.py checks that the method still exists.
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+        self._between, self._steps, self._since, self._step_us = 1, 0, time.monotonic(), 0
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
-        if self._pending is not None:
-            self._stop_if_agreed(trainer)
-        self._share_flag(trainer.strategy.root_device)
-        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
-            self._stop_if_agreed(trainer)
+        self._steps += 1
+        last = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if self._steps >= self._between or last:
+            self._agree(trainer, at_once=last or not self._stop.shared)
 
     def on_validation_batch_end(self, trainer: Trainer, *args: Any) -> None:
         if _validating_while_training(trainer) and stopping.stop_requested():
@@ -85,30 +99,35 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         # Before the scores are computed. Processes may skip different parts of validation, so they
         # agree here, where each arrives once, and not after every validation batch.
         if _validating_while_training(trainer):
-            if self._pending is not None:
-                self._stop_if_agreed(trainer)
-            self._share_flag(trainer.strategy.root_device)
-            self._stop_if_agreed(trainer)
+            self._agree(trainer, at_once=True)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         stopping.stop_at_once()
+        self._stop.finish()  # no collective left running
 
-    def _share_flag(self, device: torch.device) -> None:
-        flag = torch.tensor([stopping.stop_requested()], device=device)
-        distributed = dist.is_available() and dist.is_initialized()
-        work = dist.all_reduce(flag, dist.ReduceOp.MAX, async_op=True) if distributed else None
-        self._pending = (work, flag)
+    def _agree(self, trainer: Trainer, at_once: bool) -> None:
+        """Act on the agreement proposed last, and propose again; `at_once`: and act on this one too.
+
+        Every process calls it at the same step: the steps between agreements come from agreed numbers only.
+        """
+        if self._stop.pending:
+            self._stop_if_agreed(trainer)
+        now = time.monotonic()
+        if self._steps:  # none: validation since the last agreement, which is not a step
+            self._step_us = round((now - self._since) / self._steps * 1e6)
+        self._stop.propose(stopping.stop_requested(), self._step_us)
+        self._steps, self._since = 0, now
+        if at_once:
+            self._stop_if_agreed(trainer)
 
     def _stop_if_agreed(self, trainer: Trainer) -> None:
-        work, flag = self._pending
-        self._pending = None
-        if work is not None:
-            work.wait()
-        status = int(flag.item())  # the exit status asked for: the highest of all processes, 0 to go on
+        status, slowest_step_us = self._stop.agreed()  # the highest of all processes
         if status:
-            self._stop(trainer, status)
+            self._save_and_exit(trainer, status)
+        if self._stop.shared:
+            self._between = steps_between_agreements(slowest_step_us)
 
-    def _stop(self, trainer: Trainer, status: int) -> None:
+    def _save_and_exit(self, trainer: Trainer, status: int) -> None:
         _finish_earlier_saves(trainer)  # so that a failure raised below is this checkpoint's own
         try:
             if trainer.fast_dev_run:  # it only tries the code: it never replaces a checkpoint the job resumes from
@@ -151,6 +170,13 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         # finished training (not a fast_dev_run, which only tries the code) has no more use for it.
         if stage == "fit" and not trainer.fast_dev_run:
             trainer.strategy.remove_checkpoint(self.ckpt_path)
+
+
+def steps_between_agreements(step_us: int) -> int:
+    """How many steps make AGREE_EVERY_SECONDS of training, at `step_us` microseconds a step (0: not known yet)."""
+    if step_us <= 0:
+        return 1
+    return max(1, min(MOST_STEPS_BETWEEN_AGREEMENTS, int(AGREE_EVERY_SECONDS * 1e6) // step_us))
 
 
 def _stored(trainer: Trainer) -> str:
