@@ -5,8 +5,9 @@ written, 75 lost node, 130 Ctrl-C, 143 preempted) and docs/failures.md's "How a 
 both are parsed and compared. Then each recipe's decision is run, not read: the POD Job's
 podFailurePolicy evaluated the way the Job controller does for pods ending with each status; the
 sbatch script run by bash with an srun that ends with each status and an scontrol that records what
-it was asked (and, on a requeue, ends the job as Slurm does); torchrun through the wrapper that keeps
-the workers' status, with workers that end with each status, for the torchrun scripts and the Swarm stack.
+it was asked (and, on a requeue, ends the job as Slurm does); the torchrun scripts and the Swarm stack
+through the kit's wrapper that keeps the workers' status (its own tests run it with workers ending with
+each status).
 """
 
 import ast
@@ -15,8 +16,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -271,83 +270,8 @@ def test_sbatch_outside_the_project_root_is_a_configuration_error(default_projec
 
 # ---- torchrun, and Swarm on top of it --------------------------------------------------------
 
-WRAPPER = "launch/torchrun/torchrun_with_status.py"
-# A worker per rank: STATUSES[rank] is its exit status; "wait" waits for SIGTERM and exits 143, as
-# training does after its checkpoint; "kill" dies of SIGKILL. Lower ranks end first.
-FAKE_WORKER = textwrap.dedent("""\
-    import os, signal, sys, time
-    status = os.environ["STATUSES"].split(",")[int(os.environ["RANK"])]
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    time.sleep(0.5 * int(os.environ["RANK"]))
-    if status == "wait":
-        time.sleep(120)
-    if status == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    sys.exit(int(status))
-""")
-
-
-def start_torchrun(project: Path, tmp_path: Path, statuses: str, *options: str) -> subprocess.Popen:
-    worker = tmp_path / "worker.py"
-    worker.write_text(FAKE_WORKER)
-    command = [sys.executable, WRAPPER, *options, "--standalone", "--nproc-per-node", "2", str(worker)]
-    return subprocess.Popen(
-        command, cwd=project, env=launch_environment(project, STATUSES=statuses),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-
-
-# (workers' statuses, the wrapper's status, with --swarm). torchrun alone exits 1 in every case.
-WORKER_CASES = {
-    "config error; torchrun stops the other": ("2,wait", CONFIG_ERROR, 0),
-    "lost node; torchrun stops the other": ("wait,75", LOST_NODE, LOST_NODE),
-    "a crash, its peer lost it": ("1,75", 1, 1),
-    "preempted, both": ("143,143", PREEMPTED, PREEMPTED),
-    "killed (out of memory)": ("kill,wait", 137, 137),
-    "finished": ("0,0", 0, 0),
-}
-
-
-@pytest.mark.parametrize("case", WORKER_CASES)
-def test_torchrun_wrapper_exits_with_the_workers_status(default_project, tmp_path, case):
-    statuses, expected, swarm_expected = WORKER_CASES[case]
-    # Plain and --swarm at once: they are independent runs (2 processes each).
-    runs = {"plain": start_torchrun(default_project, tmp_path, statuses),
-            "swarm": start_torchrun(default_project, tmp_path, statuses, "--swarm")}  # fmt: skip
-    outputs = {name: run.communicate(timeout=180)[0] for name, run in runs.items()}
-    assert runs["plain"].returncode == expected, outputs["plain"][-3000:]
-    assert runs["swarm"].returncode == swarm_expected, outputs["swarm"][-3000:]
-    if swarm_expected != expected:
-        assert "exiting 0 so that Swarm does not restart the task" in outputs["swarm"]
-    assert "Traceback" not in outputs["plain"], outputs["plain"][-3000:]
-
-
-@pytest.mark.parametrize(
-    ("statuses", "expected"),
-    [([LOST_NODE, CONFIG_ERROR], CONFIG_ERROR), ([1, CONFIG_ERROR], CONFIG_ERROR), ([LOST_NODE, 1], 1),
-     ([PREEMPTED, LOST_NODE], LOST_NODE), ([PREEMPTED, 137], 137), ([PREEMPTED, PREEMPTED], PREEMPTED),
-     ([CANNOT_WRITE, LOST_NODE], CANNOT_WRITE)],
-)  # fmt: skip
-def test_torchrun_wrapper_names_the_cause_not_its_echoes(default_project, statuses, expected):
-    """Failures torchrun reports together, in any order: more than two workers fail only on bigger nodes."""
-    spec = importlib.util.spec_from_file_location("torchrun_with_status", default_project / WRAPPER)
-    wrapper = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wrapper)
-    assert wrapper.job_status(statuses) == expected
-    assert wrapper.job_status(statuses[::-1]) == expected
-
-
-@pytest.mark.parametrize(("sent", "expected"), [(signal.SIGTERM, PREEMPTED), (signal.SIGINT, INTERRUPTED)])
-def test_torchrun_wrapper_stopped_by_a_signal(default_project, tmp_path, sent, expected):
-    run = start_torchrun(default_project, tmp_path, "wait,wait")
-    try:
-        time.sleep(8)  # torchrun has started the workers
-        run.send_signal(sent)
-        output = run.communicate(timeout=60)[0]
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-    assert run.returncode == expected, output[-3000:]
+# The kit's torchrun wrapper, tested with workers ending with each status in trainkit/tests/test_torchrun_status.py.
+SWARM_TORCHRUN = ["python", "-m", "trainkit.cluster.torchrun", "--swarm"]
 
 
 def test_torchrun_script_ends_a_configuration_error_with_2(default_project, tmp_path):
@@ -368,9 +292,9 @@ def test_swarm_services_restart_only_what_a_retry_can_fix(projects, answer_set):
     """Swarm restarts on any non-zero status: each service runs torchrun through the wrapper's --swarm."""
     project = projects[answer_set]
     stack = yaml.safe_load((project / "launch" / "swarm" / "compose.yaml").read_text())
-    assert (project / WRAPPER).is_file()
+    assert (project / "src" / "trainkit" / "cluster" / "torchrun.py").is_file()
     for name, service in stack["services"].items():
-        assert service["command"][:3] == ["python", WRAPPER, "--swarm"], name
+        assert service["command"][: len(SWARM_TORCHRUN)] == SWARM_TORCHRUN, name
         assert service["deploy"]["restart_policy"]["condition"] == "on-failure", name
         # torchrun must not kill the workers before the grace period is over: they save a checkpoint.
         grace = service["stop_grace_period"]

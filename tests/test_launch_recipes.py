@@ -340,8 +340,8 @@ def test_kubernetes_job_matches_the_answers(projects, answer_set):
 # ---- Docker Swarm ---------------------------------------------------------------------------
 
 
-# Swarm runs torchrun through the wrapper that keeps the training's exit status (tests/test_exit_contract.py).
-SWARM_TORCHRUN = ["python", "launch/torchrun/torchrun_with_status.py", "--swarm"]
+# Swarm runs torchrun through the kit's wrapper that keeps the training's exit status (tests/test_exit_contract.py).
+SWARM_TORCHRUN = ["python", "-m", "trainkit.cluster.torchrun", "--swarm"]
 
 
 def torchrun_options(command: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -471,7 +471,7 @@ def test_nccl_and_gloo_are_set_only_where_the_network_must_be_named(projects, an
     settings = network_settings(projects[answer_set])
     read = {where.partition(",")[0] for where in settings}
     assert {"Dockerfile", "launch/pod/job.yaml", "launch/swarm/compose.yaml", "launch/slurm/train.sbatch",
-            *TORCHRUN_SCRIPTS, "launch/torchrun/torchrun_with_status.py", "launch/sing/README.md"} <= read  # fmt: skip
+            *TORCHRUN_SCRIPTS, "launch/sing/README.md"} <= read  # fmt: skip
     swarm = {where: variables for where, variables in settings.items() if where.startswith("launch/swarm/compose")}
     assert len(swarm) == int(answers(answer_set)["num_nodes"])
     for where, variables in swarm.items():

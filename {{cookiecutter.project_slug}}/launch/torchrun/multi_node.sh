@@ -20,8 +20,8 @@ MAX_RESTARTS="${MAX_RESTARTS:-0}"
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."  # the project root, where train.py is
 # trainer.devices: auto takes torchrun's processes per node (LOCAL_WORLD_SIZE). torchrun alone exits 1
-# whenever training fails; through torchrun_with_status.py it exits with the training's own status.
-exec python launch/torchrun/torchrun_with_status.py --nnodes="${NNODES}" --nproc-per-node="${NPROC_PER_NODE}" \
+# whenever training fails; through the kit's trainkit.cluster.torchrun it exits with the training's own status.
+exec python -m trainkit.cluster.torchrun --nnodes="${NNODES}" --nproc-per-node="${NPROC_PER_NODE}" \
     --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id="${RDZV_ID}" \
     --max-restarts="${MAX_RESTARTS}" \
     train.py fit --config configs/experiment.yaml "$@"

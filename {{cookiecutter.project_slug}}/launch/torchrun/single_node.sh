@@ -9,6 +9,6 @@ NPROC_PER_NODE="${NPROC_PER_NODE:-gpu}"  # processes on this machine; "gpu" = on
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."  # the project root, where train.py is
 # trainer.devices: auto takes torchrun's processes per node (LOCAL_WORLD_SIZE). torchrun alone exits 1
-# whenever training fails; through torchrun_with_status.py it exits with the training's own status.
-exec python launch/torchrun/torchrun_with_status.py --standalone --nproc-per-node="${NPROC_PER_NODE}" \
+# whenever training fails; through the kit's trainkit.cluster.torchrun it exits with the training's own status.
+exec python -m trainkit.cluster.torchrun --standalone --nproc-per-node="${NPROC_PER_NODE}" \
     train.py fit --config configs/experiment.yaml "$@"

@@ -1,4 +1,4 @@
-"""torchrun, ending with the training's exit status (src/{{ cookiecutter.package_name }}/exit_codes.py) instead of 1.
+"""torchrun, ending with the training's exit status (trainkit/run/exit_codes.py) instead of 1.
 
 torchrun exits 1 whenever a worker fails, whatever the worker's status, and 1 after a SIGTERM too:
 a scheduler could not tell a preemption from a configuration error. This runs torchrun itself, with
@@ -8,20 +8,22 @@ the same options, and exits with
 - otherwise the status of the worker that failed first in cause: when one worker fails, torchrun
   stops the others with SIGTERM (143) and peers on other nodes lose it (75), so those two count
   only when no worker says anything else;
-- 75 when the nodes did not all join torchrun's rendezvous in time.
+- 75 when the nodes did not all join torchrun's rendezvous in time, or when this node cannot reach
+  the rendezvous store: the first node's torchrun hosts it, so that node died or was stopped.
 
 With --swarm it exits 0 for a configuration error (2) and Ctrl-C (130): Swarm restarts a task after
 any non-zero status (restart_policy: on-failure), and a retry cannot fix either.
 
-    python launch/torchrun/torchrun_with_status.py [--swarm] <torchrun options> train.py fit ...
+    python -m trainkit.cluster.torchrun [--swarm] <torchrun options> train.py fit ...
 """
 
 import sys
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
 from torch.distributed.run import main as torchrun
+
 from trainkit.run.exit_codes import CONFIG_ERROR, INTERRUPTED, LOST_NODE, PREEMPTED
 
 # What a failure leaves in the other workers: torchrun stops them (SIGTERM), or they lose their peer.
@@ -41,6 +43,15 @@ def job_status(statuses: list[int]) -> int:
     return LOST_NODE if LOST_NODE in statuses else PREEMPTED
 
 
+def rendezvous_endpoint(arguments: list[str]) -> str:
+    """The value of torchrun's --rdzv-endpoint (or --rdzv_endpoint), "" when not given."""
+    for index, argument in enumerate(arguments):
+        name, equals, value = argument.partition("=")
+        if name in ("--rdzv-endpoint", "--rdzv_endpoint"):
+            return value if equals else (arguments[index + 1] if index + 1 < len(arguments) else "")
+    return ""
+
+
 def run_torchrun(arguments: list[str]) -> int:
     try:
         torchrun(arguments)
@@ -53,6 +64,12 @@ def run_torchrun(arguments: list[str]) -> int:
         return status
     except RendezvousTimeoutError:
         print("error: not every node joined torchrun's rendezvous in time", file=sys.stderr)
+        return LOST_NODE
+    except RendezvousConnectionError:
+        # torchrun stopped this node's workers before it raised.
+        endpoint = rendezvous_endpoint(arguments) or "the rendezvous endpoint"
+        print(f"error: torchrun cannot reach its rendezvous store at {endpoint}: the node hosting it (its torchrun) "
+              "probably died or was stopped: see its log", file=sys.stderr)  # fmt: skip
         return LOST_NODE
     return 0
 
