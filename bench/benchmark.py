@@ -86,12 +86,18 @@ class Case:
     counts_for_target: bool = True
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=TEMPLATE / "build" / "bench", help="work and result directory")
+def project_parser(description: str, out: Path) -> argparse.ArgumentParser:
+    """The options every benchmark shares: its work directory, and the project and MNIST that `prepare` gives."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=out, help="work and result directory")
     parser.add_argument("--project", type=Path, help="an already generated project (default: generate one)")
-    parser.add_argument("--package", default="lightning_mnist", help="its package name (with --project)")
     parser.add_argument("--data-dir", type=Path, help="MNIST in torchvision's layout (default: the shipped sample)")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = project_parser(__doc__.splitlines()[0], TEMPLATE / "build" / "bench")
+    parser.add_argument("--package", default="lightning_mnist", help="its package name (with --project)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each case taking turns in one process")
     # Each process runs faster or slower than the next for its whole life, by up to a third on a
     # virtual machine: only many pairs steady this median, which is why it is not the target's.

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import IO
 
 import torch
-from benchmark import TARGETS, Case, Runner, free_port, measured_env, prepare
+from benchmark import TARGETS, Case, Runner, free_port, measured_env, prepare, project_parser
 from gpu_probe import record_path
 
 BENCH = Path(__file__).resolve().parent
@@ -93,11 +93,8 @@ class Fit:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=TEMPLATE / "build" / "gpu_check", help="work and result directory")
+    parser = project_parser(__doc__.split("\n\n")[0], TEMPLATE / "build" / "gpu_check")
     parser.add_argument("--dry-run", action="store_true", help="run the checks on the CPU, shorter")
-    parser.add_argument("--project", type=Path, help="an already generated project (default: generate one)")
-    parser.add_argument("--data-dir", type=Path, help="MNIST in torchvision's layout (default: the shipped sample)")
     parser.add_argument("--repeats", type=int, help="throughput runs taking turns (default 3; 1 with --dry-run)")
     return parser.parse_args(argv)
 

@@ -32,17 +32,14 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loops import fetchers
 from lightning.pytorch.trainer import call
 
-from benchmark import REUSE_FREED_MEMORY, TEMPLATE, prepare
+from benchmark import REUSE_FREED_MEMORY, TEMPLATE, prepare, project_parser
 
 STEP_HOOKS = ("on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
               "on_before_zero_grad", "on_train_batch_end")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=TEMPLATE / "build" / "bench" / "parts", help="work directory")
-    parser.add_argument("--project", type=Path, help="an already generated project (default: generate one)")
-    parser.add_argument("--data-dir", type=Path, help="MNIST in torchvision's layout (default: the shipped sample)")
+    parser = project_parser(__doc__.splitlines()[0], TEMPLATE / "build" / "bench" / "parts")
     parser.add_argument("--processes", type=int, default=1, help="DDP processes (gloo on the CPU)")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps, the warm-up included")
     parser.add_argument("--warmup", type=int, default=20, help="steps left out at the start")

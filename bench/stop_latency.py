@@ -22,16 +22,13 @@ import sys
 import time
 from pathlib import Path
 
-from benchmark import TEMPLATE, prepare
+from benchmark import TEMPLATE, prepare, project_parser
 
 SAVED_LINE = "SIGTERM: saved"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=TEMPLATE / "build" / "bench" / "stop", help="work directory")
-    parser.add_argument("--project", type=Path, help="an already generated project (default: generate one)")
-    parser.add_argument("--data-dir", type=Path, help="MNIST in torchvision's layout (default: the shipped sample)")
+    parser = project_parser(__doc__.splitlines()[0], TEMPLATE / "build" / "bench" / "stop")
     parser.add_argument("--repeats", type=int, default=5, help="stops measured on each machine state")
     parser.add_argument("--at-step", type=int, default=20, help="the step after which SIGTERM is sent")
     parser.add_argument("--load-warmup", type=float, default=20, help="seconds for the other training to start")

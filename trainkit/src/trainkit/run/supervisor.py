@@ -18,9 +18,9 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from trainkit.run.exit_codes import LOST_NODE
+from trainkit.run.processes import children_of
 
 SUPERVISED = "TRAINKIT_SUPERVISED"  # set in the training process and inherited by every process it starts
 FORWARDED = (signal.SIGTERM, signal.SIGINT)
@@ -94,21 +94,10 @@ def _wait_for_stragglers() -> None:
             return  # none left
         if pid == 0:
             time.sleep(0.1)
-    for pid in _children():
+    for pid in children_of(os.getpid()):
         os.kill(pid, signal.SIGKILL)
     while True:
         try:
             os.waitpid(-1, 0)
         except ChildProcessError:
             return
-
-
-def _children() -> list[int]:
-    ours = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:  # the parent's id is the second field after the command name, which may hold spaces
-            if int(stat.read_text().rpartition(")")[2].split()[1]) == os.getpid():
-                ours.append(int(stat.parent.name))
-        except (OSError, ValueError):
-            continue  # ended meanwhile
-    return ours

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from trainkit.run.exit_codes import LOST_NODE
+from trainkit.run.processes import children_of
 
 WORKER_START_SECONDS = 60.0  # a fork of a large process copies its page tables: seconds, never a minute
 
@@ -63,24 +64,17 @@ def _watch(read_end: int) -> None:
 
 def _not_arrived() -> list[int]:
     """The children of this process forked from it (not started as programs) that never said they arrived."""
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:  # the parent's id is the second field after the command name, which may hold spaces
-            pid = int(stat.parent.name)
-            if int(stat.read_text().rpartition(")")[2].split()[1]) != os.getpid() or pid in _arrived:
-                continue
-            if _forked(pid):
-                children.append(pid)
-        except (OSError, ValueError):
-            continue  # ended meanwhile
-    return children
+    return [pid for pid in children_of(os.getpid()) if pid not in _arrived and _forked(pid)]
 
 
 def _forked(pid: int) -> bool:
     """A forked child has this process's command and environment; a program it started has its own (the
     processes Lightning starts run the same command, with LOCAL_RANK added)."""
-    return all(Path(f"/proc/{pid}/{part}").read_bytes() == Path(f"/proc/self/{part}").read_bytes()
-               for part in ("cmdline", "environ"))  # fmt: skip
+    try:
+        return all(Path(f"/proc/{pid}/{part}").read_bytes() == Path(f"/proc/self/{part}").read_bytes()
+                   for part in ("cmdline", "environ"))  # fmt: skip
+    except OSError:
+        return False  # ended meanwhile
 
 
 def _end_the_job(hung: list[int]) -> None:
