@@ -87,6 +87,7 @@ def lost_contact(exception: BaseException) -> bool:
 # Answers come within a second of a loss; a busy machine may need several.
 ROLL_CALL_SECONDS = 15.0
 QUIET_SECONDS = 4.0
+LATE_SECONDS = 5.0  # after the quiet time, for a survivor that noticed the loss late
 
 
 def ask_who_is_missing(rank: int, world_size: int) -> list[int] | None:
@@ -104,15 +105,19 @@ def ask_who_is_missing(rank: int, world_size: int) -> list[int] | None:
         dist.destroy_process_group()
         if rank == 0:
             missing = _collect_answers(store, prefix, world_size)
+            if missing:  # a survivor blocked in a collective that the loss does not end (gloo's) answers late
+                _wait_until(lambda: _answered(store, f"{prefix}/answer", world_size) == world_size, LATE_SECONDS)
+                missing = _still_missing(store, prefix, missing)
             store.set(f"{prefix}/missing", json.dumps(missing))
-            _wait_until(lambda: _answered(store, f"{prefix}/read", world_size) >= world_size - len(missing), 5.0)
+            # Keep the store open (it lives in this process) until the others have read the answer.
+            readers = world_size - len(missing) - 1
+            _wait_until(lambda: _answered(store, f"{prefix}/read", world_size) >= readers, 5.0)
             return missing
-        if _wait_until(lambda: store.check([f"{prefix}/missing"]), ROLL_CALL_SECONDS):
+        if _wait_until(lambda: store.check([f"{prefix}/missing"]), ROLL_CALL_SECONDS + LATE_SECONDS):
             missing = json.loads(store.get(f"{prefix}/missing"))
-        else:
-            missing = _collect_answers(store, prefix, world_size)  # rank 0 was lost too, or is slow
-        store.set(f"{prefix}/read/{rank}", "")
-        return missing
+            store.set(f"{prefix}/read/{rank}", "")
+            return missing
+        return _collect_answers(store, prefix, world_size)  # rank 0 was lost too, or is slow
     except DistError:
         return None
 
@@ -128,6 +133,11 @@ def _collect_answers(store: dist.Store, prefix: str, world_size: int) -> list[in
             answered, quiet_since = now_answered, time.monotonic()
         time.sleep(0.2)
     return [rank for rank in range(world_size) if not store.check([f"{prefix}/answer/{rank}"])]
+
+
+def _still_missing(store: dist.Store, prefix: str, missing: list[int]) -> list[int]:
+    """Those of `missing` that have not answered since."""
+    return [rank for rank in missing if not store.check([f"{prefix}/answer/{rank}"])]
 
 
 def _answered(store: dist.Store, prefix: str, world_size: int) -> int:
