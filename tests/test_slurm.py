@@ -12,7 +12,9 @@ shard of one checkpoint directory in the shared run directory.
 Then the exit contract under a lost or stalled node (issue 32), on 2 nodes x 2 tasks with a
 20-s cluster.timeout: a training process ended by SIGABRT, as NCCL's watchdog ends one, makes every
 task end with 75 and the script requeue the job; a node whose processes freeze makes the other
-node's tasks end with 75 within the timeout plus 30 s. Both name the lost node.
+node's tasks end with 75 within the timeout plus 30 s. Node 0's first process, which holds the roll
+call after a loss, names the lost node; so does its second, unless it noticed the loss only at the
+timeout, after the roll call was over (then it says that the main node no longer answers).
 """
 
 import contextlib
@@ -235,6 +237,12 @@ def names_only_node_1(line: str) -> bool:
     return "node 1 (host" in line and "node 0 (host" not in line
 
 
+def found_the_roll_call_over(line: str) -> bool:
+    """A survivor that noticed the loss only at cluster.timeout (in a gloo collective the loss did not end),
+    after the others had answered the roll call in node 0's first process and ended."""
+    return "the main node" in line and "no longer answers" in line and "node 1 (host" not in line
+
+
 def test_an_aborted_training_process_ends_every_task_with_75_and_the_job_is_requeued(
     slurm, project, fake_mnist, tmp_path
 ):
@@ -254,7 +262,8 @@ def test_an_aborted_training_process_ends_every_task_with_75_and_the_job_is_requ
     assert "error: the training process was aborted (SIGABRT)" in text, text[-6000:]
     lines = lost_contact_lines(text)
     assert sorted(lines) == [0, 1, 2], text[-6000:]
-    assert all(names_only_node_1(lines[rank]) for rank in (0, 1)), lines
+    assert names_only_node_1(lines[0]), lines  # the roll call's own process: it always hears every answer
+    assert names_only_node_1(lines[1]) or found_the_roll_call_over(lines[1]), lines
 
 
 def test_a_stalled_node_ends_the_other_tasks_with_75_within_the_timeout(slurm, project, fake_mnist, tmp_path):
@@ -278,5 +287,6 @@ def test_a_stalled_node_ends_the_other_tasks_with_75_within_the_timeout(slurm, p
     statuses = task_statuses(text)
     assert {rank: statuses.get(rank) for rank in (0, 1)} == {0: LOST_NODE, 1: LOST_NODE}, text[-6000:]
     lines = lost_contact_lines(text)
-    assert all(names_only_node_1(lines.get(rank, "")) for rank in (0, 1)), text[-6000:]
-    assert all("global ranks 2, 3)" in lines[rank] for rank in (0, 1)), lines  # both stalled, neither answered
+    assert names_only_node_1(lines.get(0, "")), text[-6000:]
+    assert "global ranks 2, 3)" in lines[0], lines  # both stalled, neither answered
+    assert names_only_node_1(lines.get(1, "")) or found_the_roll_call_over(lines.get(1, "")), text[-6000:]

@@ -76,12 +76,14 @@ def end_of_job(nodes: list[subprocess.Popen], within: float) -> list[int | str]:
     return codes
 
 
-def error_line(platform: str, log: Path) -> str:
-    """The node's closing error line: its last line, or under torchrun the last before the wrapper's summary."""
+def error_line(platform: str, node: int, log: Path) -> str:
+    """The node's closing error line: its last line (its first process's, which waits for the others), or
+    under torchrun, where no process waits for another, its first process's (global rank 2 x node)."""
     if platform != "torchrun":
         return last_words(log)
     errors = [line for line in log.read_text().splitlines() if line.startswith("error:")]
-    return errors[-1] if errors else ""
+    first = [line for line in errors if f"(global rank {2 * node})" in line]
+    return (first or errors or [""])[-1]
 
 
 def logs_of(tmp_path: Path) -> str:
@@ -97,9 +99,9 @@ def test_an_aborted_process_ends_every_node_with_75(platform, aborted, experimen
     codes = end_of_job(nodes, within=TIMEOUT_SECONDS + 30)
     logs = [tmp_path / "logs" / f"node{index}.log" for index in range(2)]
     assert codes == [75, 75], logs_of(tmp_path)
-    survivor = error_line(platform, logs[0])
+    survivor = error_line(platform, 0, logs[0])
     assert "node 1 (host" in survivor, logs_of(tmp_path)
-    assert error_line(platform, logs[1]), logs_of(tmp_path)
+    assert error_line(platform, 1, logs[1]), logs_of(tmp_path)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -120,5 +122,5 @@ def test_a_stalled_node_ends_the_others_with_75_within_the_timeout(platform, exp
     log = logs_of(tmp_path)
     assert code == 75, log
     assert elapsed < TIMEOUT_SECONDS + 30, log
-    line = error_line(platform, tmp_path / "logs" / "node0.log")
+    line = error_line(platform, 0, tmp_path / "logs" / "node0.log")
     assert "node 1 (host" in line and "global ranks 2, 3" in line, log

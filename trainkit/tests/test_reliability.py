@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -321,3 +322,24 @@ def test_lost_processes_are_named_by_their_nodes():
     )
     assert nodes_of([0, 3], placement) == both
     assert nodes_of([], placement) == ""
+
+
+def test_a_survivor_that_finds_the_roll_call_over_blames_no_node():
+    """The roll call lives in node 0's first process: a process that noticed the loss after the others ended
+    (it waited out cluster.timeout) cannot tell a dead node 0 from one that ended, and says both."""
+    from types import SimpleNamespace
+
+    from trainkit.run.diagnostics import Placement, explain
+
+    placement = [Placement(node_rank=rank // 2, global_rank=rank, host=f"test-{rank // 2}") for rank in range(4)]
+    environment = SimpleNamespace(main_address="test-0", main_port=29500)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(cluster_environment=environment), num_devices=2,
+                              node_rank=0, global_rank=1)  # fmt: skip
+    line = explain(RuntimeError("Timed out waiting 20000ms"), trainer, timedelta(seconds=20), placement, None)
+    assert line == (
+        "error: node 0 (global rank 1) lost contact with the other processes of the job (RuntimeError); the main node"
+        " (test-0:29500) no longer answers: node 0 died or was stopped, or its processes had already ended after"
+        " losing another one: see the other nodes' logs."
+    )
+    named = explain(RuntimeError("gloo"), trainer, timedelta(seconds=20), placement, [2, 3])
+    assert named.endswith("node 1 (host test-1, global ranks 2, 3) probably died or was stopped: see its log.")

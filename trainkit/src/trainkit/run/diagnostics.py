@@ -184,14 +184,19 @@ def explain(
         )
     if not placement and trainer.global_rank != 0 and "connect" in str(exception).lower():
         return f"error: could not reach the main node at {main} within {timeout}; is node 0 running?"
-    if missing is None:
-        lost = f"node 0 (the main node, {main}, which no longer answers)" if placement else "another node"
-    else:
-        lost = nodes_of(missing, placement) or "no process (all answered)"
-    return (
+    here = (
         f"error: node {trainer.node_rank} (global rank {trainer.global_rank}) lost contact with the other processes"
-        f" of the job ({type(exception).__name__}); {lost} probably died or was stopped: see its log."
+        f" of the job ({type(exception).__name__});"
     )
+    if missing is None and placement:
+        # The roll call lives in node 0's first process. A process that waited out cluster.timeout in a
+        # collective the loss did not end (gloo's) finds it gone once the others have answered and ended.
+        return (
+            f"{here} the main node ({main}) no longer answers: node 0 died or was stopped, or its processes had"
+            " already ended after losing another one: see the other nodes' logs."
+        )
+    lost = "another node" if missing is None else (nodes_of(missing, placement) or "no process (all answered)")
+    return f"{here} {lost} probably died or was stopped: see its log."
 
 
 def nodes_of(ranks: list[int], placement: list[Placement]) -> str:
