@@ -197,6 +197,20 @@ class SlurmCluster:
             self._check_daemons()
             time.sleep(0.5)
 
+    def cancel(self, job_id: str, timeout: float = 120) -> dict[str, str]:
+        """Cancel the job and wait until it has ended. A job being requeued refuses a cancel until it is
+        pending again, and would then start over: ask again until Slurm says it ended."""
+        deadline = time.monotonic() + timeout
+        while True:
+            subprocess.run(["scancel", job_id], env=self.env(), capture_output=True, check=False)
+            job = self.job(job_id)
+            if job.get("JobState") in FINAL_STATES:
+                return job
+            if time.monotonic() > deadline:
+                state = job.get("JobState")
+                raise TimeoutError(f"job {job_id} still {state} {timeout:g} s after scancel:\n{self.logs()}")
+            time.sleep(1)
+
     def signal(self, job_id: str, name: str, batch_script: bool = False) -> None:
         """Signal the job's tasks, or only its batch script, as Slurm does for `--signal=[B:]SIG@time`."""
         command = ["scancel", f"--signal={name}", *(["--batch"] if batch_script else []), job_id]

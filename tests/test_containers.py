@@ -128,7 +128,6 @@ def assert_finished(containers: Containers, nodes: list[str], timeout: float = 3
 
 def test_image_runs_as_its_own_user(project_image, default_project, containers):
     assert image_user(project_image) not in ("", "root", "0")
-    package = default_project.name.replace("-", "_")
     command = ["python", "-m", "trainkit.cluster"]
     node = containers.run("cluster", project_image, command, network=containers.network("image"), hostname="test-0",
                           aliases=[], env={}, volumes=[])  # fmt: skip

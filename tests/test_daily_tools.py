@@ -87,7 +87,6 @@ def test_workflow_is_valid_and_uses_the_chosen_python(cookies, tmp_path):
     image_steps = [step["run"] for step in image_job["steps"] if "run" in step]
     built = next(c for c in image_steps if "docker build --build-arg BASE_IMAGE=cpu-base" in c)
     image = built.split("--tag")[1].split()[0]
-    package = project.name.replace("-", "_")
     assert any(f"docker run --rm {image} python -m trainkit.cluster" in c for c in image_steps)
     assert any(image in c and "python train.py fit --config configs/experiment.yaml" in c for c in image_steps)
 

@@ -132,7 +132,6 @@ def test_sigterm_during_validation_ends_in_seconds_with_a_checkpoint(default_pro
 @pytest.fixture(scope="module")
 def real_chunks(default_project, real_mnist, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("chunks") / "mnist-chunks"
-    package = default_project.name.replace("-", "_")
     command = [sys.executable, "-m", "trainkit.chunks", "--config", "configs/experiment.yaml",
                *in_memory(real_mnist), "--out", str(out)]  # fmt: skip
     result = subprocess.run(command, cwd=default_project, env=launch_environment(default_project),
@@ -189,7 +188,6 @@ def test_ctrl_c_saves_a_checkpoint_exits_130_and_the_same_command_resumes(defaul
 @pytest.mark.parametrize("to", ["the sweep", "every process"])
 def test_a_sweep_preempted_early_exits_143_and_starts_no_more_trials(default_project, real_mnist, tmp_path, to):
     log, root = tmp_path / "sweep.log", tmp_path / "sweep"
-    package = default_project.name.replace("-", "_")
     command = ["-m", "trainkit.sweep", "configs/sweep.yaml", "--count", "2", "--root", str(root),
                "--", *in_memory(real_mnist), *on_cpu(tmp_path / "unused"), "--trainer.max_epochs", "1"]  # fmt: skip
     run = start(default_project, command, log)

@@ -226,7 +226,6 @@ def test_chunks_of_the_folder_stream_as_well_as_it_trains_in_memory(
     project, image_folder, in_memory_accuracy, tmp_path
 ):
     chunks = tmp_path / "chunks"
-    package = project.name.replace("-", "_")
     # Small chunks, so that a class-sorted order would leave whole chunks of one class.
     project_command(project, "-m", "trainkit.chunks", "--config", "configs/experiment.yaml",
                     *in_memory(image_folder), "--out", str(chunks), "--chunk_bytes", "200KB",

@@ -8,11 +8,21 @@ with the same weights. A third job is preempted mid-training the way the time li
 must come back by itself and resume from the checkpoint it saved. The sharded strategy runs
 through the same script: one job whose processes each hold a part of the weights and write their
 shard of one checkpoint directory in the shared run directory.
+
+Then the exit contract under a lost or stalled node (issue 32), on 2 nodes x 2 tasks with a
+20-s cluster.timeout: a training process ended by SIGABRT, as NCCL's watchdog ends one, makes every
+task end with 75 and the script requeue the job; a node whose processes freeze makes the other
+node's tasks end with 75 within the timeout plus 30 s. Both of node 0's processes name the lost
+node, also one blocked in a collective that the loss does not end.
 """
 
+import contextlib
+import os
 import re
 import shutil
+import signal
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -150,3 +160,127 @@ def test_preempted_job_is_requeued_and_resumes(slurm, project, fake_mnist, tmp_p
     assert f"Restoring states from the checkpoint path at {saved.group(1)}" in text
     reports = assert_one_process_group(tmp_path, TASKS_PER_NODE, TASKS_PER_NODE, text)
     assert reports[0]["global_step"] == int(saved.group(2)) > 0
+
+
+# ---- A lost or stalled node: the exit contract under srun (issue 32) ---------------------------
+
+DRILL_NODES = 2
+WORLD = DRILL_NODES * TASKS_PER_NODE
+DRILL_TIMEOUT_SECONDS = 20  # cluster.timeout: how long a collective waits for a peer
+LOST_NODE = 75
+SRUN_TASKS_EXITED = re.compile(r"srun: error: \S+: tasks? ([\d,-]+): Exited with exit code (\d+)")
+LOST_CONTACT_LINE = re.compile(r"error: node \d+ \(global rank (\d+)\) lost contact.*")
+
+
+@contextlib.contextmanager
+def paced_job(slurm: SlurmCluster, project: Path, data: Path, out: Path) -> Iterator[tuple[str, Path]]:
+    """A 2 nodes x 2 tasks job that trains until stopped, 0.2 s a step; entered once every task did step 3.
+
+    Yields the job id and the marker whose `.rank<global rank>` files hold each training process's
+    pid (trainkit.testing.pacing.PaceSteps). The job is cancelled on the way out.
+    """
+    marker = out / "step-3"
+    job_id = submit(slurm, project, data, out, DRILL_NODES,
+                    "--trainer.max_epochs", "1000", "--cluster.timeout", f"0:00:{DRILL_TIMEOUT_SECONDS}",
+                    "--trainer.callbacks+=trainkit.testing.pacing.PaceSteps", "--trainer.callbacks.marker", str(marker),
+                    "--trainer.callbacks.at_step", "3")  # fmt: skip
+    try:
+        wait_for(lambda: all(Path(f"{marker}.rank{rank}").exists() for rank in range(WORLD)),
+                 "step 3 on every task", job_log_of(slurm, project, job_id), timeout=180)  # fmt: skip
+        yield job_id, marker
+    finally:
+        slurm.cancel(job_id)
+
+
+def job_log_of(slurm: SlurmCluster, project: Path, job_id: str) -> Callable[[], str]:
+    return lambda: job_log(slurm, project, slurm.job(job_id), job_id)
+
+
+def training_pid(marker: Path, rank: int) -> int:
+    return int(Path(f"{marker}.rank{rank}").read_text())
+
+
+def task_process(marker: Path, rank: int) -> int:
+    """The process srun started for a task: the kit's parent, which runs the training process as its child."""
+    stat = Path(f"/proc/{training_pid(marker, rank)}/stat").read_text()
+    parent = int(stat.rpartition(")")[2].split()[1])  # the second field after the command name (it may hold spaces)
+    assert b"train.py" in Path(f"/proc/{parent}/cmdline").read_bytes(), f"rank {rank}'s parent is not its task"
+    return parent
+
+
+def ended(pid: int) -> bool:
+    """Whether the process has exited (slurmstepd, its parent, reaps it at once)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def task_statuses(log: str) -> dict[int, int]:
+    """Each task's exit status as srun reported it: it names the tasks that ended non-zero, in ranges (0-1)."""
+    statuses = {}
+    for tasks, status in SRUN_TASKS_EXITED.findall(log):
+        for part in tasks.split(","):
+            first, _, last = part.partition("-")
+            statuses.update(dict.fromkeys(range(int(first), int(last or first) + 1), int(status)))
+    return statuses
+
+
+def lost_contact_lines(log: str) -> dict[int, str]:
+    """The line each process ended with on losing contact ("error: node N (global rank R) lost contact..."), by rank."""
+    return {int(match.group(1)): match.group(0) for match in LOST_CONTACT_LINE.finditer(log)}
+
+
+def names_only_node_1(line: str) -> bool:
+    """Whether a survivor on node 0 blames node 1, and not its own node."""
+    return "node 1 (host" in line and "node 0 (host" not in line
+
+
+def test_an_aborted_training_process_ends_every_task_with_75_and_the_job_is_requeued(
+    slurm, project, fake_mnist, tmp_path
+):
+    """SIGABRT, as NCCL's watchdog ends a process, to node 1's second training process (not its task's parent)."""
+    aborted = WORLD - 1
+    with paced_job(slurm, project, fake_mnist, tmp_path) as (job_id, marker):
+        log = job_log_of(slurm, project, job_id)
+        others = [task_process(marker, rank) for rank in range(WORLD) if rank != aborted]
+        os.kill(training_pid(marker, aborted), signal.SIGABRT)
+        started = time.monotonic()
+        wait_for(lambda: all(map(ended, others)), "the end of the other tasks", log, DRILL_TIMEOUT_SECONDS + 30)
+        print(f"the other tasks ended {time.monotonic() - started:.1f} s after the abort")
+        wait_for(lambda: requeued(slurm.job(job_id)), "a requeue", log)
+        text = log()
+    assert task_statuses(text) == dict.fromkeys(range(WORLD), LOST_NODE), text[-6000:]
+    assert f"job {job_id}: tasks ended with status {LOST_NODE}, requeueing" in text, text[-6000:]
+    assert "error: the training process was aborted (SIGABRT)" in text, text[-6000:]
+    lines = lost_contact_lines(text)
+    assert sorted(lines) == [0, 1, 2], text[-6000:]
+    assert names_only_node_1(lines[0]) and names_only_node_1(lines[1]), lines
+
+
+def test_a_stalled_node_ends_the_other_tasks_with_75_within_the_timeout(slurm, project, fake_mnist, tmp_path):
+    """Node 1's tasks freeze (SIGSTOP), their connections open, as beside a hung driver; slurmstepd goes on."""
+    with paced_job(slurm, project, fake_mnist, tmp_path) as (job_id, marker):
+        log = job_log_of(slurm, project, job_id)
+        stalled = [pid for rank in (2, 3) for pid in (task_process(marker, rank), training_pid(marker, rank))]
+        survivors = [task_process(marker, rank) for rank in (0, 1)]
+        try:
+            for pid in stalled:
+                os.kill(pid, signal.SIGSTOP)
+            started = time.monotonic()
+            wait_for(lambda: all(map(ended, survivors)), "the end of node 0's tasks", log, DRILL_TIMEOUT_SECONDS + 30)
+            print(f"node 0's tasks ended {time.monotonic() - started:.1f} s after node 1 stalled")
+            # srun writes a task's status a moment after the task ended
+            wait_for(lambda: {0, 1} <= task_statuses(log()).keys(), "srun's statuses of node 0's tasks", log, 30)
+            text = log()
+        finally:
+            for pid in stalled:  # what the test stopped: otherwise srun waits for it until the time limit
+                for signum in (signal.SIGKILL, signal.SIGCONT):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signum)
+    statuses = task_statuses(text)
+    assert {rank: statuses.get(rank) for rank in (0, 1)} == {0: LOST_NODE, 1: LOST_NODE}, text[-6000:]
+    lines = lost_contact_lines(text)
+    assert names_only_node_1(lines.get(0, "")), text[-6000:]
+    assert "global ranks 2, 3)" in lines[0], lines  # both stalled, neither answered
+    assert names_only_node_1(lines.get(1, "")), text[-6000:]

@@ -343,3 +343,7 @@ def test_a_survivor_that_finds_the_roll_call_over_blames_no_node():
     )
     named = explain(RuntimeError("gloo"), trainer, timedelta(seconds=20), placement, [2, 3])
     assert named.endswith("node 1 (host test-1, global ranks 2, 3) probably died or was stopped: see its log.")
+    everyone = explain(RuntimeError("gloo"), trainer, timedelta(seconds=20), placement, [])
+    assert everyone.endswith(
+        "every process still answers, so one is stuck (a peer stopped answering): see whose log ends first."
+    )

@@ -10,11 +10,13 @@ same processes), started at one step and waited for at a later one, by when it h
 Processes wait only for each other's CPUs, never for a GPU.
 """
 
-from array import array
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
+
+from trainkit.run.lost_peers import wait_unless_lost
 
 # The job's default group when a gloo group was last asked for, and the gloo group that goes with it
 # (None: the default group is gloo itself). Made once per job: every agreement shares it.
@@ -63,7 +65,7 @@ class Agreement:
         if len(values) != self.size:
             raise ValueError(f"{self.size} numbers to propose, got {len(values)}")
         for index, value in enumerate(values):
-            self._values[index] = value  # in place: the tensor reads this memory, and does not keep it from moving
+            self._values[index] = value  # in place: the tensor shares this memory
         if self.shared:
             self._work = dist.all_reduce(self._tensor, dist.ReduceOp.MAX, group=self._group, async_op=True)
         self.pending = True
@@ -72,17 +74,21 @@ class Agreement:
         """The highest of each number proposed at the last `propose`, by any process."""
         self.finish()
         self.pending = False
-        return tuple(self._values)
+        return tuple(self._values.tolist())
 
     def finish(self) -> None:
-        """Wait for the agreement in flight, if any: no collective left running when training ends."""
+        """Wait for the agreement in flight, if any: no collective left running when training ends.
+
+        Raises LossReported when another process reported a lost peer meanwhile: a gloo all-reduce
+        waiting on a stuck peer would otherwise wait for the whole timeout."""
         if self._work is not None:
-            self._work.wait()
-            self._work = None
+            work, self._work = self._work, None
+            wait_unless_lost(work)
 
 
-def _shared_ints(size: int) -> tuple[array, torch.Tensor]:
-    """`size` int64 as a Python array and a CPU tensor over the same memory: collectives write them through the
-    tensor, `Agreement` reads and writes them through the array, with no tensor operation."""
-    values = array("q", [0] * size)
-    return values, torch.frombuffer(values, dtype=torch.int64)
+def _shared_ints(size: int) -> tuple[np.ndarray, torch.Tensor]:
+    """`size` int64 as a CPU tensor and a numpy array over the same memory: collectives write them through the
+    tensor, `Agreement` reads and writes them through the array, with no tensor operation. The tensor owns the
+    memory: a collective left running when the process exits (LossReported) frees it without Python."""
+    tensor = torch.zeros(size, dtype=torch.int64)
+    return tensor.numpy(), tensor

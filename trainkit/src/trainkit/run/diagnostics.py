@@ -1,19 +1,17 @@
 """What each process tells the log: where it sits in the job, and why a distributed job failed."""
 
-import json
 import logging
-import os
 import re
 import socket
 import subprocess
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.distributed import DistError
+
+from trainkit.run.lost_peers import ROLL_CALL_SECONDS, ask_who_is_missing, stop_watching, watch_for_losses
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +35,7 @@ class ExplainDistributedFailure(Callback):
     """When the job fails because a process is missing or lost, end the traceback with which node it was.
 
     Where every process runs (node, host name) is shared once the job has formed: after a node is
-    lost its name may no longer resolve. Which processes were lost is asked, not guessed from
-    the connection that broke (a survivor's neighbour often dies of the loss first): every process
-    that sees the failure answers in the main node's store, and the processes that never answer are
-    the lost ones.
+    lost its name may no longer resolve. Which processes were lost is asked (run/lost_peers.py).
     """
 
     def __init__(self, timeout: timedelta) -> None:
@@ -53,6 +48,10 @@ class ExplainDistributedFailure(Callback):
         here = Placement(trainer.node_rank, trainer.global_rank, socket.gethostname())
         self.placement = [here] * trainer.world_size
         dist.all_gather_object(self.placement, here)
+        watch_for_losses(trainer.global_rank, trainer.world_size)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        stop_watching()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if not lost_contact(exception):
@@ -82,75 +81,6 @@ def lost_contact(exception: BaseException) -> bool:
     """Whether the job failed because processes could not reach each other (exit_codes.LOST_NODE)."""
     message = str(exception).lower()
     return isinstance(exception, DistError) or any(words in message for words in LOST_CONTACT_WORDS)
-
-
-# Answers come within a second of a loss; a busy machine may need several.
-ROLL_CALL_SECONDS = 15.0
-QUIET_SECONDS = 4.0
-LATE_SECONDS = 5.0  # after the quiet time, for a survivor that noticed the loss late
-
-
-def ask_who_is_missing(rank: int, world_size: int) -> list[int] | None:
-    """The global ranks that did not answer after the failure; None when the main node's store is gone too.
-
-    The answers go through the store the job formed with, over connections already open: after a
-    node is lost, a new connection may find the main node's name unresolvable for a while.
-    """
-    store = dist.distributed_c10d._get_default_store()  # torch has no public getter
-    store.set_timeout(timedelta(seconds=ROLL_CALL_SECONDS))  # not the job's timeout: the main node may be gone
-    prefix = f"lost-contact/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # torchrun's store outlives restarts
-    try:
-        store.set(f"{prefix}/answer/{rank}", "here")
-        # This process no longer takes part: let the ones waiting on it fail now, and answer too.
-        dist.destroy_process_group()
-        if rank == 0:
-            missing = _collect_answers(store, prefix, world_size)
-            if missing:  # a survivor blocked in a collective that the loss does not end (gloo's) answers late
-                _wait_until(lambda: _answered(store, f"{prefix}/answer", world_size) == world_size, LATE_SECONDS)
-                missing = _still_missing(store, prefix, missing)
-            store.set(f"{prefix}/missing", json.dumps(missing))
-            # Keep the store open (it lives in this process) until the others have read the answer.
-            readers = world_size - len(missing) - 1
-            _wait_until(lambda: _answered(store, f"{prefix}/read", world_size) >= readers, 5.0)
-            return missing
-        if _wait_until(lambda: store.check([f"{prefix}/missing"]), ROLL_CALL_SECONDS + LATE_SECONDS):
-            missing = json.loads(store.get(f"{prefix}/missing"))
-            store.set(f"{prefix}/read/{rank}", "")
-            return missing
-        return _collect_answers(store, prefix, world_size)  # rank 0 was lost too, or is slow
-    except DistError:
-        return None
-
-
-def _collect_answers(store: dist.Store, prefix: str, world_size: int) -> list[int]:
-    """Wait until every process answered, or none has for QUIET_SECONDS; the ranks that did not."""
-    deadline, quiet_since, answered = time.monotonic() + ROLL_CALL_SECONDS, time.monotonic(), 0
-    while time.monotonic() < deadline and time.monotonic() - quiet_since < QUIET_SECONDS:
-        now_answered = _answered(store, f"{prefix}/answer", world_size)
-        if now_answered == world_size:
-            break
-        if now_answered > answered:
-            answered, quiet_since = now_answered, time.monotonic()
-        time.sleep(0.2)
-    return [rank for rank in range(world_size) if not store.check([f"{prefix}/answer/{rank}"])]
-
-
-def _still_missing(store: dist.Store, prefix: str, missing: list[int]) -> list[int]:
-    """Those of `missing` that have not answered since."""
-    return [rank for rank in missing if not store.check([f"{prefix}/answer/{rank}"])]
-
-
-def _answered(store: dist.Store, prefix: str, world_size: int) -> int:
-    return sum(store.check([f"{prefix}/{rank}"]) for rank in range(world_size))
-
-
-def _wait_until(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 @dataclass(frozen=True)
@@ -195,7 +125,10 @@ def explain(
             f"{here} the main node ({main}) no longer answers: node 0 died or was stopped, or its processes had"
             " already ended after losing another one: see the other nodes' logs."
         )
-    lost = "another node" if missing is None else (nodes_of(missing, placement) or "no process (all answered)")
+    if missing == []:  # every process is alive: one is stuck where its other threads still run
+        stuck = "every process still answers, so one is stuck (a peer stopped answering)"
+        return f"{here} {stuck}: see whose log ends first."
+    lost = "another node" if missing is None else nodes_of(missing, placement)
     return f"{here} {lost} probably died or was stopped: see its log."
 
 

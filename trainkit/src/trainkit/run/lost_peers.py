@@ -1,0 +1,179 @@
+"""After a process of the job is lost, the survivors ask who is missing, in the main node's store.
+
+Which processes were lost is asked, not guessed from the connection that broke (a survivor's
+neighbour often dies of the loss first): the first process that notices a loss reports it in the
+store the job formed with, every process that is still alive answers, and those that never answer
+are the lost ones. A survivor's main thread may be blocked in a collective that the loss does not
+end: gloo's receive waits for the whole timeout even after the peer it waits on gave up, and
+neither ending nor aborting a process group frees it. So each process has a thread, `LossWatch`,
+that looks for the report every second and answers for it: a process that is alive is never named
+as lost, and its main thread stops waiting for the stop agreement at once (`wait_unless_lost`).
+A process that is frozen (SIGSTOP) or dead does not answer; one whose main thread hangs in a device
+call while its other threads run does: then every process answers, and the line says so.
+"""
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.distributed import DistError, DistNetworkError
+
+CHECK_SECONDS = 1.0  # how often each process looks for a report of a loss
+POLL_SECONDS = 0.001  # how often a process waiting for the stop agreement looks whether it finished
+# Answers come within a second or two of a report; a busy machine may need several.
+ROLL_CALL_SECONDS = 15.0
+QUIET_SECONDS = 4.0
+LATE_SECONDS = 5.0  # after the quiet time, for a survivor that noticed the loss late
+
+
+class LossReported(DistNetworkError):
+    """Another process of the job lost contact with some of the others: this one stopped waiting for them.
+
+    The collective it waited for may still run in gloo's thread until the timeout: its process group
+    cannot be ended (that would wait for the collective), only left behind as the process exits.
+    """
+
+
+def _prefix() -> str:
+    """Where the roll call after a loss is held in the job's store. torchrun's store outlives its restarts."""
+    return f"lost-contact/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def _job_store() -> dist.Store:
+    """The store the job formed with, over connections already open: after a node is lost, a new
+    connection may find the main node's name unresolvable for a while."""
+    return dist.distributed_c10d._get_default_store()  # torch has no public getter
+
+
+class LossWatch(threading.Thread):
+    """Looks for a reported loss every CHECK_SECONDS and answers the roll call for this process.
+
+    A process other than the main node's first also reads the list of the missing that the main node
+    publishes, so that it can name them even after the main node has ended.
+    """
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(name="trainkit-loss-watch", daemon=True)
+        self.rank, self.world_size = rank, world_size
+        self.reported = threading.Event()  # a loss was reported, or the main node's store is gone
+        self.answered = threading.Event()  # this process answered the roll call; `missing` is set if it could
+        self.missing: list[int] | None = None
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        store, prefix = _job_store(), _prefix()
+        try:
+            while not store.check([f"{prefix}/reported"]):
+                if self._stop.wait(CHECK_SECONDS):
+                    return
+        except DistError:  # the main node's store is gone: its node is lost, or it ended
+            self.reported.set()
+            return
+        self.reported.set()
+        self.missing = _answer(store, self.rank, self.world_size)
+        self.answered.set()
+
+    def stop(self) -> None:
+        """Stop looking: training ended in step with the others, and the main node may end before this process."""
+        self._stop.set()
+
+
+_watch: LossWatch | None = None  # this process's, while it trains with others
+
+
+def watch_for_losses(rank: int, world_size: int) -> None:
+    """Start this process's LossWatch: at the same point on every process, once the job has formed."""
+    global _watch
+    stop_watching()
+    _watch = LossWatch(rank, world_size)
+    _watch.start()
+
+
+def stop_watching() -> None:
+    if _watch is not None:
+        _watch.stop()
+
+
+def wait_unless_lost(work: dist.Work) -> None:
+    """Wait for a collective like `work.wait()`, but raise LossReported as soon as a loss was reported.
+
+    Polled, not waited on with a callback: a collective left running must hold nothing of Python's."""
+    while not work.is_completed():
+        if _watch is not None and _watch.reported.is_set():
+            raise LossReported("another process of the job lost contact with the others")
+        time.sleep(POLL_SECONDS)
+    work.wait()  # raises what the collective raised
+
+
+def ask_who_is_missing(rank: int, world_size: int) -> list[int] | None:
+    """The global ranks that did not answer after the failure; None when the main node's store is gone too.
+
+    The process group is left as it is: ending it would wait for any collective still running, and
+    would not free the processes waiting on this one (the model's DDP wrapper keeps it alive).
+    """
+    if _watch is None or not _watch.answered.is_set():
+        store = _job_store()
+        store.set_timeout(timedelta(seconds=ROLL_CALL_SECONDS))  # not the job's timeout: the main node may be gone
+        try:
+            store.set(f"{_prefix()}/reported", "")
+        except DistError:
+            return None
+        while _watch is not None and _watch.is_alive() and not _watch.answered.wait(0.2):
+            pass  # it answers for this process at its next look, and holds the roll call on the main node
+    if _watch is not None and _watch.answered.is_set():
+        return _watch.missing
+    return _answer(_job_store(), rank, world_size)
+
+
+def _answer(store: dist.Store, rank: int, world_size: int) -> list[int] | None:
+    """Answer the roll call; the main node's first process holds it and publishes who did not answer."""
+    prefix = _prefix()
+    try:
+        store.set(f"{prefix}/answer/{rank}", "here")
+        if rank == 0:
+            missing = _collect_answers(store, prefix, world_size)
+            if missing:  # give a process that answers late (a busy machine) a little longer
+                _wait_until(lambda: _answered(store, f"{prefix}/answer", world_size) == world_size, LATE_SECONDS)
+                missing = [rank for rank in missing if not store.check([f"{prefix}/answer/{rank}"])]
+            store.set(f"{prefix}/missing", json.dumps(missing))
+            # Keep the store open (it lives in this process) until the others have read the answer.
+            readers = world_size - len(missing) - 1
+            _wait_until(lambda: _answered(store, f"{prefix}/read", world_size) >= readers, 5.0)
+            return missing
+        if _wait_until(lambda: store.check([f"{prefix}/missing"]), ROLL_CALL_SECONDS + LATE_SECONDS):
+            missing = json.loads(store.get(f"{prefix}/missing"))
+            store.set(f"{prefix}/read/{rank}", "")
+            return missing
+        return _collect_answers(store, prefix, world_size)  # rank 0 was lost too, or is slow
+    except DistError:
+        return None
+
+
+def _collect_answers(store: dist.Store, prefix: str, world_size: int) -> list[int]:
+    """Wait until every process answered, or none has for QUIET_SECONDS; the ranks that did not."""
+    deadline, quiet_since, answered = time.monotonic() + ROLL_CALL_SECONDS, time.monotonic(), 0
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < QUIET_SECONDS:
+        now_answered = _answered(store, f"{prefix}/answer", world_size)
+        if now_answered == world_size:
+            break
+        if now_answered > answered:
+            answered, quiet_since = now_answered, time.monotonic()
+        time.sleep(0.2)
+    return [rank for rank in range(world_size) if not store.check([f"{prefix}/answer/{rank}"])]
+
+
+def _answered(store: dist.Store, prefix: str, world_size: int) -> int:
+    return sum(store.check([f"{prefix}/{rank}"]) for rank in range(world_size))
+
+
+def _wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
