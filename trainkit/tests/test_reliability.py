@@ -217,6 +217,27 @@ def test_a_lost_node_ends_the_job_instead_of_hanging(experiment, tmp_path):
     assert code == 75, log[-4000:]  # exit_codes.LOST_NODE: worth retrying
 
 
+ENDING_ON_OWN_TERMS = """
+import os, signal, sys, time
+from trainkit.run import stopping
+stopping.handle_stop_signals()
+stopping.stop_at_once()  # as after an error: a signal ends the process at once
+if sys.argv[1] == "lost":
+    stopping.end_on_own_terms()
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(1)
+sys.exit(75)  # as after naming the lost node
+"""
+
+
+@pytest.mark.parametrize(("case", "status"), [("lost", 75), ("other error", 143)])
+def test_a_process_ending_after_a_lost_peer_is_not_ended_by_sigterm_before_it(case, status):
+    """torchrun stops a node's other processes once one ended: those naming the lost node still end with 75."""
+    result = subprocess.run([sys.executable, "-c", ENDING_ON_OWN_TERMS, case], env=clean_env(), capture_output=True,
+                            text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == status, result.stderr
+
+
 def test_a_node_that_never_arrives_ends_the_job(experiment, tmp_path):
     port = free_port()
     args = ["fit", *quick_run_args(experiment, tmp_path / "run"), "--trainer.devices", "2"]

@@ -46,6 +46,7 @@ from trainkit.cluster.process_counts import devices_per_node, num_nodes
 from trainkit.cluster.roll_call import NodesDidNotArrive
 from trainkit.cluster.settings import ClusterSettings
 from trainkit.data.resumable import ResumableData
+from trainkit.run import stopping
 from trainkit.run.config import (
     checkpoint_dir,
     configured,
@@ -255,6 +256,7 @@ def main(args: list[str] | None = None) -> None:
             sys.exit(CONFIG_ERROR)
         if not lost_contact(error):
             raise
+        stopping.end_on_own_terms()  # again: Lightning put its signal handlers back since
         traceback.print_exception(error)  # ends with the line naming the lost node
         sys.exit(LOST_NODE)
     except SIGTERMException:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.distributed import DistError
 
+from trainkit.run import stopping
 from trainkit.run.lost_peers import ROLL_CALL_SECONDS, ask_who_is_missing, stop_watching, watch_for_losses
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class ExplainDistributedFailure(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if not lost_contact(exception):
             return
+        stopping.end_on_own_terms()  # a SIGTERM now (torchrun's, once another process ended) waits for the line
         # Lightning's watcher SIGKILLs this process as soon as one it started exits non-zero, which
         # they are about to do: take them off its list, and wait for them below instead.
         watched = getattr(trainer.strategy.launcher, "procs", [])

@@ -35,6 +35,7 @@ _requested = 0  # the exit status the signals received so far ask for; 0 while n
 _on_signal: Callable[[], None] | None = None  # set while training: PreemptionCheckpoint stops and saves
 _started_processes: Callable[[], Iterable[subprocess.Popen]] = list
 _watching = False
+_ending = False  # the process ends with a status of its own, and says why first
 
 
 def handle_stop_signals() -> None:
@@ -81,6 +82,18 @@ def stop_at_once() -> None:
     _on_signal = None
 
 
+def end_on_own_terms() -> None:
+    """The process is already ending with a status of its own (75 after a lost peer) and says why first: a stop
+    signal no longer ends it at once. torchrun, for one, stops the other processes of a node as soon as one
+    exits, before they wrote the line naming the lost node. The ending is bounded (the roll call), and the
+    platform's SIGKILL after its grace period still ends the process. Ignored, not handled: Python puts a
+    handled signal back to its default while the process exits, and a SIGTERM then would end it with 143."""
+    global _ending
+    _ending = True
+    for signum in EXIT_STATUS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def _handle(signum: int, frame: object) -> None:
     # The thread reading the pipe has acted already; the main thread's part is what must run in it.
     if _on_signal is not None:
@@ -100,7 +113,7 @@ def _stop(signum: signal.Signals) -> None:
     for process in _started_processes():
         if process.poll() is None:
             process.send_signal(signum)
-    if _on_signal is None:
+    if _on_signal is None and not _ending:
         _exit_now(signum)
 
 
