@@ -62,13 +62,13 @@ class LossWatch(threading.Thread):
         self.reported = threading.Event()  # a loss was reported, or the main node's store is gone
         self.answered = threading.Event()  # this process answered the roll call; `missing` is set if it could
         self.missing: list[int] | None = None
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def run(self) -> None:
         store, prefix = _job_store(), _prefix()
         try:
             while not store.check([f"{prefix}/reported"]):
-                if self._stop.wait(CHECK_SECONDS):
+                if self._stopping.wait(CHECK_SECONDS):
                     return
         except DistError:  # the main node's store is gone: its node is lost, or it ended
             self.reported.set()
@@ -79,7 +79,7 @@ class LossWatch(threading.Thread):
 
     def stop(self) -> None:
         """Stop looking: training ended in step with the others, and the main node may end before this process."""
-        self._stop.set()
+        self._stopping.set()
 
 
 _watch: LossWatch | None = None  # this process's, while it trains with others
