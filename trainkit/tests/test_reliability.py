@@ -238,6 +238,36 @@ def test_a_process_ending_after_a_lost_peer_is_not_ended_by_sigterm_before_it(ca
     assert result.returncode == status, result.stderr
 
 
+NODE_WATCH = """
+import os, subprocess, sys, time
+from trainkit.run import stopping
+from trainkit.run.node_watch import StartedProcessesWatch
+child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(75)"])  # it lost a peer and named it
+child.wait()
+StartedProcessesWatch(main_pid=os.getpid(), child_processes=[child], sleep_period=0.1, notice_seconds=3).start()
+time.sleep(1)  # this process notices the same loss a little later
+if sys.argv[1] == "notices":
+    stopping.end_on_own_terms()
+    time.sleep(5)
+    print("named the lost node")
+    sys.exit(75)
+time.sleep(30)  # blocked, never noticing
+"""
+
+
+@pytest.mark.parametrize("case", ["notices", "never notices"])
+def test_a_started_process_that_lost_a_peer_leaves_the_first_process_time_to_name_it(case):
+    """The node watch does not end the node's first process while it is ending with its own line, only
+    when it has not begun to within the time it was given."""
+    result = subprocess.run([sys.executable, "-c", NODE_WATCH, case], env=clean_env(), capture_output=True,
+                            text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 75, result.stderr
+    if case == "notices":
+        assert "named the lost node" in result.stdout and "it lost a peer" not in result.stderr, result.stderr
+    else:
+        assert "exited with 75: it lost a peer" in result.stderr and "named" not in result.stdout, result.stderr
+
+
 def test_a_node_that_never_arrives_ends_the_job(experiment, tmp_path):
     port = free_port()
     args = ["fit", *quick_run_args(experiment, tmp_path / "run"), "--trainer.devices", "2"]

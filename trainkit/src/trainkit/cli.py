@@ -147,6 +147,7 @@ class ProjectCLI(LightningCLI):
             io = AtomicCheckpointIO(saving) if self.store is None else StoredCheckpointIO(self.store, keep, saving)
             plugins.append(io)
         use_timeout_for_ddp(config.cluster.timeout)
+        watch_started_processes(config.cluster.timeout)  # a lost peer ends the node with 75, not Lightning's SIGKILL
         if isinstance(config.trainer.strategy, ShardedStrategy):
             config.trainer.strategy.use(config.cluster.timeout, config.checkpoint_saving)
         callbacks = [
@@ -224,7 +225,6 @@ LAUNCHER_STOPS_THE_OTHERS_SECONDS = 10.0
 def main(args: list[str] | None = None) -> None:
     _show_info_logs()
     quiet_library_noise()
-    watch_started_processes()  # a lost peer ends the node with 75, not Lightning's SIGKILL
     try:
         ProjectCLI(
             LightningModule,

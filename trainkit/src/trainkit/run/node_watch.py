@@ -4,31 +4,43 @@ Lightning's own watcher SIGKILLs the whole node, the first process too, as soon 
 exits non-zero: the platform then sees 137 and does not retry. When the one that ended was aborted
 (NCCL's watchdog, SIGABRT) or exited 75 (it lost a peer, run/diagnostics.py), the node ends the
 others and exits 75 itself, with one line saying so. Any other failure keeps Lightning's behaviour.
+
+A process that exited 75 lost peers of the whole job, and this one is losing them too: it is given
+until the job's timeout to notice, so that it names the lost node itself (on its own, a collective
+with a lost peer ends within that timeout).
 """
 
 import os
 import signal
 import subprocess
 import sys
+import time
+from datetime import timedelta
 
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
 
+from trainkit.run import stopping
 from trainkit.run.exit_codes import LOST_NODE
+from trainkit.run.lost_peers import LATE_SECONDS, ROLL_CALL_SECONDS
 
 LOST_PEER = {-signal.SIGABRT, 128 + signal.SIGABRT, LOST_NODE}  # how a process that lost a peer ends
 POLL_SECONDS = 1
 
 
-def watch_started_processes() -> None:
-    """From now on, the processes Lightning starts on this node are watched by `StartedProcessesWatch`."""
-    pytorch_launcher._launch_process_observer = _start_watch  # Lightning has no public hook for its watcher
-    fabric_launcher._launch_process_observer = _start_watch
+def watch_started_processes(timeout: timedelta) -> None:
+    """From now on, the processes Lightning starts on this node are watched by `StartedProcessesWatch`.
 
+    `timeout` is the job's (cluster.timeout): how long a collective waits for a peer that stopped answering.
+    """
+    notice_seconds = timeout.total_seconds() + ROLL_CALL_SECONDS + LATE_SECONDS
 
-def _start_watch(child_processes: list[subprocess.Popen]) -> None:
-    StartedProcessesWatch(main_pid=os.getpid(), child_processes=child_processes, sleep_period=POLL_SECONDS).start()
+    def start_watch(child_processes: list[subprocess.Popen]) -> None:
+        StartedProcessesWatch(os.getpid(), child_processes, POLL_SECONDS, notice_seconds).start()
+
+    pytorch_launcher._launch_process_observer = start_watch  # Lightning has no public hook for its watcher
+    fabric_launcher._launch_process_observer = start_watch
 
 
 class StartedProcessesWatch(_ChildProcessObserver):
@@ -38,12 +50,20 @@ class StartedProcessesWatch(_ChildProcessObserver):
     failure itself (a preemption, a lost peer seen here first).
     """
 
+    def __init__(
+        self, main_pid: int, child_processes: list[subprocess.Popen], sleep_period: float, notice_seconds: float
+    ) -> None:
+        super().__init__(main_pid, child_processes, sleep_period)
+        self.notice_seconds = notice_seconds  # for this process to notice a loss that a started one reported
+
     def _run(self) -> bool:
         for process in self._child_processes:
             process.poll()
         lost = [process for process in self._child_processes if process.returncode in LOST_PEER]
         if not lost:
             return super()._run()
+        if all(process.returncode == LOST_NODE for process in lost) and self._this_process_ends_itself():
+            return True  # with 75 and the line naming the lost node, after waiting for the others
         for process in self._child_processes:
             if process.returncode is None:
                 process.kill()
@@ -57,3 +77,12 @@ class StartedProcessesWatch(_ChildProcessObserver):
             flush=True,
         )
         os._exit(LOST_NODE)
+
+    def _this_process_ends_itself(self) -> bool:
+        """Whether this process began ending after a lost peer (run/diagnostics.py) within `notice_seconds`."""
+        deadline = time.monotonic() + self.notice_seconds
+        while not stopping.ending():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True

@@ -94,6 +94,11 @@ def end_on_own_terms() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
+def ending() -> bool:
+    """Whether the process is ending with a status of its own (`end_on_own_terms`)."""
+    return _ending
+
+
 def _handle(signum: int, frame: object) -> None:
     # The thread reading the pipe has acted already; the main thread's part is what must run in it.
     if _on_signal is not None:
