@@ -244,7 +244,7 @@ from trainkit.run import stopping
 from trainkit.run.node_watch import StartedProcessesWatch
 child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(75)"])  # it lost a peer and named it
 child.wait()
-StartedProcessesWatch(main_pid=os.getpid(), child_processes=[child], sleep_period=0.1, notice_seconds=3).start()
+StartedProcessesWatch(main_pid=os.getpid(), child_processes=[child], sleep_period=0.1, notice_seconds=10).start()
 time.sleep(1)  # this process notices the same loss a little later
 if sys.argv[1] == "notices":
     stopping.end_on_own_terms()
