@@ -137,14 +137,14 @@ def _answer(store: dist.Store, rank: int, world_size: int) -> list[int] | None:
         if rank == 0:
             missing = _collect_answers(store, prefix, world_size)
             if missing:  # give a process that answers late (a busy machine) a little longer
-                _wait_until(lambda: _answered(store, f"{prefix}/answer", world_size) == world_size, LATE_SECONDS)
+                wait_until(lambda: _answered(store, f"{prefix}/answer", world_size) == world_size, LATE_SECONDS)
                 missing = [rank for rank in missing if not store.check([f"{prefix}/answer/{rank}"])]
             store.set(f"{prefix}/missing", json.dumps(missing))
             # Keep the store open (it lives in this process) until the others have read the answer.
             readers = world_size - len(missing) - 1
-            _wait_until(lambda: _answered(store, f"{prefix}/read", world_size) >= readers, 5.0)
+            wait_until(lambda: _answered(store, f"{prefix}/read", world_size) >= readers, 5.0)
             return missing
-        if _wait_until(lambda: store.check([f"{prefix}/missing"]), ROLL_CALL_SECONDS + LATE_SECONDS):
+        if wait_until(lambda: store.check([f"{prefix}/missing"]), ROLL_CALL_SECONDS + LATE_SECONDS):
             missing = json.loads(store.get(f"{prefix}/missing"))
             store.set(f"{prefix}/read/{rank}", "")
             return missing
@@ -170,7 +170,8 @@ def _answered(store: dist.Store, prefix: str, world_size: int) -> int:
     return sum(store.check([f"{prefix}/{rank}"]) for rank in range(world_size))
 
 
-def _wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+def wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether `condition()` became true within `seconds`, asked every 0.2 s."""
     deadline = time.monotonic() + seconds
     while not condition():
         if time.monotonic() > deadline:

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import timedelta
 
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
@@ -23,7 +22,7 @@ from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_
 
 from trainkit.run import stopping
 from trainkit.run.exit_codes import LOST_NODE
-from trainkit.run.lost_peers import LATE_SECONDS, ROLL_CALL_SECONDS
+from trainkit.run.lost_peers import LATE_SECONDS, ROLL_CALL_SECONDS, wait_until
 
 LOST_PEER = {-signal.SIGABRT, 128 + signal.SIGABRT, LOST_NODE}  # how a process that lost a peer ends
 POLL_SECONDS = 1
@@ -62,7 +61,9 @@ class StartedProcessesWatch(_ChildProcessObserver):
         lost = [process for process in self._child_processes if process.returncode in LOST_PEER]
         if not lost:
             return super()._run()
-        if all(process.returncode == LOST_NODE for process in lost) and self._this_process_ends_itself():
+        named_the_loss = all(process.returncode == LOST_NODE for process in lost)
+        # This process, a survivor of the same loss, begins ending on its own (run/diagnostics.py) in that time.
+        if named_the_loss and wait_until(stopping.ending, self.notice_seconds):
             return True  # with 75 and the line naming the lost node, after waiting for the others
         for process in self._child_processes:
             if process.returncode is None:
@@ -77,12 +78,3 @@ class StartedProcessesWatch(_ChildProcessObserver):
             flush=True,
         )
         os._exit(LOST_NODE)
-
-    def _this_process_ends_itself(self) -> bool:
-        """Whether this process began ending after a lost peer (run/diagnostics.py) within `notice_seconds`."""
-        deadline = time.monotonic() + self.notice_seconds
-        while not stopping.ending():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)
-        return True
