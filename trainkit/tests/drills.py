@@ -2,6 +2,7 @@
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -9,7 +10,7 @@ import yaml
 from trainkit.cli import DEFAULTS
 from trainkit.testing.runs import exit_code, load, paced, wait_for, whole_epochs
 
-from .helpers import PROJECT_ROOT, clean_env, quick_run_args, start
+from .helpers import PROJECT_ROOT, TRAIN_SCRIPT, clean_env, quick_run_args, start
 
 # Re-exported: the drills use them together with what this module defines.
 __all__ = ["exit_code", "load", "paced", "start", "wait_for", "whole_epochs"]
@@ -75,6 +76,23 @@ def node_envs(platform: str, port: int) -> list[dict[str, str]]:
     common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
               "JOB_NAME": "test", "SVC_NAME": "test-service", "POD_NAMESPACE": "demo-project"}  # fmt: skip
     return [clean_env(**common, RANK=str(rank)) for rank in range(2)]
+
+
+def two_node_job(platform: str, args: list[str], port: int) -> tuple[list[list[str]], list[dict[str, str]]]:
+    """Each node's command and environment for `train.py ARGS` on 2 nodes x 2 processes on `platform`."""
+    if platform == "torchrun":
+        endpoint = f"127.0.0.1:{port}"
+        # Through the kit's wrapper, as the recipes run torchrun; the first node hosts the rendezvous, as
+        # the machine named by MASTER_ADDR does (both would match 127.0.0.1 here).
+        commands = [
+            [sys.executable, "-m", "trainkit.cluster.torchrun", "--nnodes", "2", "--node-rank", str(rank),
+             "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "drill",
+             "--rdzv-conf", f"is_host={int(rank == 0)}", str(TRAIN_SCRIPT), *args]
+            for rank in range(2)
+        ]  # fmt: skip
+        return commands, [clean_env(), clean_env()]
+    command = [sys.executable, str(TRAIN_SCRIPT), *args, "--trainer.devices", "2", "--cluster.main_port", str(port)]
+    return [command, command], node_envs(platform, port)
 
 
 def with_periodic(experiment: Path, **init_args: float) -> Path:

@@ -10,14 +10,13 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from .drills import full_epochs_args, last_words, node_envs, paced, process_tree, start_nodes, wait_for
-from .helpers import TRAIN_SCRIPT, clean_env, free_port
+from .drills import full_epochs_args, last_words, paced, process_tree, start_nodes, two_node_job, wait_for
+from .helpers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -30,21 +29,7 @@ def start_job(platform: str, experiment: Path, tmp_path: Path) -> tuple[list[sub
     marker = tmp_path / "step-3"
     args = ["fit", *full_epochs_args(experiment, tmp_path / "run", epochs=4),
             "--cluster.timeout", f"0:00:{TIMEOUT_SECONDS}", *paced(marker, at_step=3)]  # fmt: skip
-    port = free_port()
-    if platform == "torchrun":
-        endpoint = f"127.0.0.1:{port}"
-        # Through the kit's wrapper, as the recipes run torchrun; the first node hosts the rendezvous, as
-        # the machine named by MASTER_ADDR does (both would match 127.0.0.1 here).
-        commands = [
-            [sys.executable, "-m", "trainkit.cluster.torchrun", "--nnodes", "2", "--node-rank", str(rank),
-             "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "drill",
-             "--rdzv-conf", f"is_host={int(rank == 0)}", str(TRAIN_SCRIPT), *args]
-            for rank in range(2)
-        ]  # fmt: skip
-        envs = [clean_env(), clean_env()]
-    else:
-        command = [sys.executable, str(TRAIN_SCRIPT), *args, "--trainer.devices", "2", "--cluster.main_port", str(port)]
-        commands, envs = [command, command], node_envs(platform, port)
+    commands, envs = two_node_job(platform, args, free_port())
     nodes = start_nodes(commands, envs, tmp_path / "logs")
     wait_for(marker, nodes[0], tmp_path / "logs" / "node0.log")
     deadline = time.monotonic() + 30

@@ -19,7 +19,7 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainkit.checkpoints.best import BestCheckpointSettings, add_best_checkpoint
@@ -67,6 +67,7 @@ from trainkit.run.speed import use_fast_defaults
 from trainkit.run.stopping import stop_with_this_process
 from trainkit.store.lock import lock_store
 from trainkit.store.object_store import ObjectStore, StoreError, open_store
+from trainkit.strategies.ddp import WatchedDDPStrategy
 from trainkit.strategies.sharded import ShardedStrategy
 from trainkit.tracking.progress import PlainProgress
 from trainkit.tracking.record import SaveRunRecord
@@ -208,7 +209,12 @@ def use_timeout_for_ddp(timeout: timedelta) -> None:
     # With several processes, strategy "auto" resolves to Lightning's registered "ddp" strategy;
     # registering it with our timeout makes a lost or missing process fail the job in minutes.
     StrategyRegistry.register(
-        "ddp", DDPStrategy, description="DDP with cluster.timeout", override=True, start_method="popen", timeout=timeout
+        "ddp",
+        WatchedDDPStrategy,
+        description="DDP with cluster.timeout",
+        override=True,
+        start_method="popen",
+        timeout=timeout,
     )
 
 

@@ -43,7 +43,7 @@ def _prefix() -> str:
     return f"lost-contact/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
-def _job_store() -> dist.Store:
+def job_store() -> dist.Store:
     """The store the job formed with, over connections already open: after a node is lost, a new
     connection may find the main node's name unresolvable for a while."""
     return dist.distributed_c10d._get_default_store()  # torch has no public getter
@@ -65,7 +65,7 @@ class LossWatch(threading.Thread):
         self._stopping = threading.Event()
 
     def run(self) -> None:
-        store, prefix = _job_store(), _prefix()
+        store, prefix = job_store(), _prefix()
         try:
             while not store.check([f"{prefix}/reported"]):
                 if self._stopping.wait(CHECK_SECONDS):
@@ -116,7 +116,7 @@ def ask_who_is_missing(rank: int, world_size: int) -> list[int] | None:
     would not free the processes waiting on this one (the model's DDP wrapper keeps it alive).
     """
     if _watch is None or not _watch.answered.is_set():
-        store = _job_store()
+        store = job_store()
         store.set_timeout(timedelta(seconds=ROLL_CALL_SECONDS))  # not the job's timeout: the main node may be gone
         try:
             store.set(f"{_prefix()}/reported", "")
@@ -126,7 +126,7 @@ def ask_who_is_missing(rank: int, world_size: int) -> list[int] | None:
             pass  # it answers for this process at its next look, and holds the roll call on the main node
     if _watch is not None and _watch.answered.is_set():
         return _watch.missing
-    return _answer(_job_store(), rank, world_size)
+    return _answer(job_store(), rank, world_size)
 
 
 def _answer(store: dist.Store, rank: int, world_size: int) -> list[int] | None:

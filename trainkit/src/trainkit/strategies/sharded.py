@@ -45,6 +45,8 @@ from trainkit.checkpoints.saving import CheckpointSavingSettings, SaveTimes
 from trainkit.checkpoints.sharded_format import META_FILE, commit, sharded_damage
 from trainkit.checkpoints.stored import CheckpointNotStored, StoredCheckpointIO
 from trainkit.run.errors import ConfigError
+from trainkit.run.preparing import stop_watching_preparation, watch_preparation
+from trainkit.strategies.ddp import BARRIER_AFTER_PREPARING
 
 log = logging.getLogger(__package__)
 
@@ -83,10 +85,16 @@ class ShardedStrategy(ModelParallelStrategy):
             )
         self._data_parallel_size = processes // self._tensor_parallel_size
         super().setup_environment()
+        watch_preparation(self.node_rank, self.global_rank, self.world_size, self._timeout)
         if self.saving.asynchronous:
             # Background saves talk over a group of their own: on the training's group their messages
             # would cross FSDP's. gloo, since torch saves from CPU memory; cluster.timeout, not gloo's 30 minutes.
             self._checkpoint_group = dist.new_group(backend="gloo", timeout=self._timeout)
+
+    def barrier(self, name: str | None = None) -> None:
+        if name == BARRIER_AFTER_PREPARING:  # as strategies/ddp.py does
+            stop_watching_preparation()
+        super().barrier(name)
 
     def setup(self, trainer: Trainer) -> None:
         module = self.lightning_module
