@@ -18,7 +18,7 @@ from .test_lost_peers import blame_only_node_1, end_of_job, logs_of
 
 pytestmark = pytest.mark.slow
 
-TIMEOUT_SECONDS = 15
+TIMEOUT_SECONDS = 20  # as in the lost-peer drills: on a busy machine the job may take 15 s to form
 
 
 def start_job(platform: str, experiment: Path, tmp_path: Path, download_seconds: float) -> list[subprocess.Popen]:

@@ -26,6 +26,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed import DistError
 
+from trainkit.run import stopping
 from trainkit.run.diagnostics import Placement, nodes_of
 from trainkit.run.exit_codes import LOST_NODE
 from trainkit.run.lost_peers import job_store, wait_until
@@ -82,6 +83,7 @@ class PreparationWatch(threading.Thread):
     def _end(self, store: dist.Store | None, why: str, readers: int = 0) -> None:
         """Say why in one line, and exit 75; the main node's first process publishes the line for the others first,
         and waits until they have said it (the processes it started end with it, and the store with it)."""
+        stopping.end_on_own_terms()  # torchrun stops a node's other processes as soon as one ended: say it first
         main = self.here.global_rank == 0
         if store is not None and main:
             with contextlib.suppress(DistError):

@@ -87,11 +87,13 @@ def end_on_own_terms() -> None:
     signal no longer ends it at once. torchrun, for one, stops the other processes of a node as soon as one
     exits, before they wrote the line naming the lost node. The ending is bounded (the roll call), and the
     platform's SIGKILL after its grace period still ends the process. Ignored, not handled: Python puts a
-    handled signal back to its default while the process exits, and a SIGTERM then would end it with 143."""
+    handled signal back to its default while the process exits, and a SIGTERM then would end it with 143.
+    From another thread (which can set no handler) the process must end with `os._exit`, not Python's exit."""
     global _ending
     _ending = True
-    for signum in EXIT_STATUS:
-        signal.signal(signum, signal.SIG_IGN)
+    if threading.current_thread() is threading.main_thread():
+        for signum in EXIT_STATUS:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def ending() -> bool:
