@@ -38,9 +38,14 @@ class LossReported(DistNetworkError):
     """
 
 
+def keys_of_this_attempt(name: str) -> str:
+    """Where `name`'s keys go in the job's store: torchrun's store outlives its restarts, the attempt does not."""
+    return f"{name}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
 def _prefix() -> str:
-    """Where the roll call after a loss is held in the job's store. torchrun's store outlives its restarts."""
-    return f"lost-contact/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    """Where the roll call after a loss is held in the job's store."""
+    return keys_of_this_attempt("lost-contact")
 
 
 def job_store() -> dist.Store:

@@ -29,10 +29,11 @@ from torch.distributed import DistError
 from trainkit.run import stopping
 from trainkit.run.diagnostics import Placement, nodes_of
 from trainkit.run.exit_codes import LOST_NODE
-from trainkit.run.lost_peers import job_store, wait_until
+from trainkit.run.lost_peers import job_store, keys_of_this_attempt, wait_until
 
 BEAT_SECONDS = 1.0  # how often each process says it is alive, and looks at the others
 READ_SECONDS = 5.0  # how long the main node's first process waits for the others to read its line
+BARRIER_AFTER_PREPARING = "pre_setup"  # the name of Lightning's first barrier after prepare_data
 
 
 class PreparationWatch(threading.Thread):
@@ -116,8 +117,7 @@ def watch_preparation(node_rank: int, global_rank: int, world_size: int, timeout
         return
     stop_watching_preparation()
     _watches_started += 1
-    # torchrun's store outlives its restarts.
-    prefix = f"preparing/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_watches_started}"
+    prefix = f"{keys_of_this_attempt('preparing')}/{_watches_started}"
     _watch = PreparationWatch(prefix, Placement(node_rank, global_rank, socket.gethostname()), world_size, timeout)
     _watch.start()
 
@@ -125,3 +125,10 @@ def watch_preparation(node_rank: int, global_rank: int, world_size: int, timeout
 def stop_watching_preparation() -> None:
     if _watch is not None:
         _watch.stop()
+
+
+def at_barrier(name: str | None) -> None:
+    """For a strategy's `barrier`: Lightning's first barrier after `prepare_data` (before the setup hooks) has a
+    timeout again, and ends the watch."""
+    if name == BARRIER_AFTER_PREPARING:
+        stop_watching_preparation()

@@ -8,9 +8,7 @@ which "auto" picks for several processes.
 
 from lightning.pytorch.strategies import DDPStrategy
 
-from trainkit.run.preparing import stop_watching_preparation, watch_preparation
-
-BARRIER_AFTER_PREPARING = "pre_setup"  # Lightning's first barrier after prepare_data, before the setup hooks
+from trainkit.run.preparing import at_barrier, watch_preparation
 
 
 class WatchedDDPStrategy(DDPStrategy):
@@ -21,6 +19,5 @@ class WatchedDDPStrategy(DDPStrategy):
         watch_preparation(self.node_rank, self.global_rank, self.world_size, self._timeout)
 
     def barrier(self, name: str | None = None) -> None:
-        if name == BARRIER_AFTER_PREPARING:
-            stop_watching_preparation()
+        at_barrier(name)
         super().barrier(name)

@@ -45,8 +45,7 @@ from trainkit.checkpoints.saving import CheckpointSavingSettings, SaveTimes
 from trainkit.checkpoints.sharded_format import META_FILE, commit, sharded_damage
 from trainkit.checkpoints.stored import CheckpointNotStored, StoredCheckpointIO
 from trainkit.run.errors import ConfigError
-from trainkit.run.preparing import stop_watching_preparation, watch_preparation
-from trainkit.strategies.ddp import BARRIER_AFTER_PREPARING
+from trainkit.run.preparing import at_barrier, watch_preparation
 
 log = logging.getLogger(__package__)
 
@@ -92,8 +91,7 @@ class ShardedStrategy(ModelParallelStrategy):
             self._checkpoint_group = dist.new_group(backend="gloo", timeout=self._timeout)
 
     def barrier(self, name: str | None = None) -> None:
-        if name == BARRIER_AFTER_PREPARING:  # as strategies/ddp.py does
-            stop_watching_preparation()
+        at_barrier(name)  # the first after prepare_data ends the watch (run/preparing.py)
         super().barrier(name)
 
     def setup(self, trainer: Trainer) -> None:
