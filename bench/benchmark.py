@@ -11,6 +11,9 @@ repeats, so that drifting machine load touches every case alike:
     This is the figure the target is judged on;
   - in separate processes, back to back (`step_timer.py` in the template's run): what a user
     sees, with each process's own speed in it;
+  and the project's model and DataModule in Lightning's own Trainer with nothing of the kit
+  (`lightning_alone.py`), taking turns with the plain loop the same way: what the template adds
+  to a step splits into Lightning's own loop and the kit's cost (the template's less Lightning's);
 - start-up: process start to first optimizer step, and the floor of importing torch, torchvision
   and lightning in a fresh process, also with the garbage collector paused meanwhile, as the
   template's train.py imports them;
@@ -169,12 +172,32 @@ class Runner:
     def interleaved(self, name: str, case: Case, precision: str) -> dict:
         """The template's fit and the plain loop taking turns in the same processes (`interleaved.py`)."""
         out = self.work / f"{name}.json"
-        settings = {
+        started = self._fit(name, case, "interleaved.InterleavedReference", self._turns(out, precision))
+        return self._sides(out, started)
+
+    def lightning_alone(self, name: str, case: Case, precision: str) -> dict:
+        """The project's model and data in Lightning's own Trainer, taking turns with the plain loop
+        the same way (`lightning_alone.py`); its side is under "template", as in `interleaved`."""
+        out = self.work / f"{name}.json"
+        command = [
+            sys.executable, str(BENCH / "lightning_alone.py"), "--package", self.args.package,
+            "--config", "configs/experiment.yaml", "--data-dir", str(self.data_dir),
+            "--accelerator", self.accelerator, "--devices", str(case.processes), "--precision", precision,
+            "--max-steps", str(self.args.warmup + self.args.steps),
+            "--reference", json.dumps(self._turns(out, precision)), *self._batch_size_option("--batch-size"),
+        ]  # fmt: skip
+        return self._sides(out, self._run(name, command, self._env(case)))
+
+    def _turns(self, out: Path, precision: str) -> dict:
+        """`interleaved.InterleavedReference`'s arguments."""
+        return {
             "out": str(out), "package": self.args.package, "config": "configs/experiment.yaml",
             "data_dir": str(self.data_dir), "warmup": self.args.warmup, "steps": self.args.steps,
             "turn": self.args.turn, "precision": precision, "batch_size": self.args.batch_size,
         }  # fmt: skip
-        started = self._fit(name, case, "interleaved.InterleavedReference", settings)
+
+    def _sides(self, out: Path, started: float) -> dict:
+        """Both sides' figures from a run that took turns."""
         sides = json.loads(out.read_text())
         sides["reference"].pop("first_step_wall_time")  # it first runs after the template's warm-up
         return {"template": self._result(sides["template"], started), "reference": sides["reference"]}
@@ -334,6 +357,8 @@ def measure(args: argparse.Namespace, runner: Runner, measured: list[Case], prec
             if taking_turns:
                 run = runner.interleaved(f"interleaved-{number}-{repeat}", case, precision)
                 samples.setdefault(f"interleaved: {case.name}", []).append(run)
+                run = runner.lightning_alone(f"lightning-alone-{number}-{repeat}", case, precision)
+                samples.setdefault(f"lightning alone: {case.name}", []).append(run)
             if separate:
                 # Alternate which side goes first, so that neither always finds the machine in the same state.
                 for side in ("template", "reference")[:: 1 if repeat % 2 == 0 else -1]:
@@ -360,15 +385,22 @@ def streaming_figures(images_per_s: float, in_memory: float, training: float) ->
     }
 
 
+def overhead_ms(template: dict, reference: dict, images_per_step: int) -> float:
+    """What the template side added to each optimizer step over the reference, in ms (negative: it was faster)."""
+    return 1000 * images_per_step * (1 / template["images_per_s"] - 1 / reference["images_per_s"])
+
+
+def turns_overhead_ms(run: dict, images_per_step: int) -> float:
+    """`overhead_ms` of a run that took turns (`Runner.interleaved`, `Runner.lightning_alone`)."""
+    return overhead_ms(run["template"], run["reference"], images_per_step)
+
+
 def comparison(templates: list[dict], references: list[dict], images_per_step: int) -> dict:
     """Template against reference, from runs paired one to one: medians of the pairs' ratios."""
     pairs = list(zip(templates, references, strict=True))
 
     def ratios(field: str) -> list[float]:
         return [template[field] / reference[field] for template, reference in pairs]
-
-    def overhead_ms(template: dict, reference: dict) -> float:
-        return 1000 * images_per_step * (1 / template["images_per_s"] - 1 / reference["images_per_s"])
 
     throughput = ratios("images_per_s")
     return {
@@ -380,7 +412,7 @@ def comparison(templates: list[dict], references: list[dict], images_per_step: i
         "template_vs_reference_median_step": statistics.median(ratios("images_per_s_median_step")),
         "template_vs_reference_cpu_time": statistics.median(ratios("images_per_cpu_s")),
         # What the template adds to each optimizer step (negative: it was faster).
-        "template_overhead_ms_per_step": statistics.median(overhead_ms(*pair) for pair in pairs),
+        "template_overhead_ms_per_step": statistics.median(overhead_ms(*pair, images_per_step) for pair in pairs),
         "page_faults_per_step": {
             "template": median_of(templates, "page_faults_per_step"),
             "reference": median_of(references, "page_faults_per_step"),
@@ -406,6 +438,17 @@ def summarise(
             "counts_for_target": case.counts_for_target,
             **comparison(side(interleaved, "template"), side(interleaved, "reference"), images_per_step),
         }
+        lightning = f"lightning alone: {case.name}"
+        # The same figures with Lightning alone in the template's place.
+        throughput[case.name]["lightning_alone"] = comparison(
+            side(lightning, "template"), side(lightning, "reference"), images_per_step
+        )
+        # Each run's overhead is against the plain loop in its own processes; per round, the
+        # template's less Lightning's is what the kit adds.
+        throughput[case.name]["kit_overhead_ms_per_step"] = statistics.median(
+            turns_overhead_ms(template_run, images_per_step) - turns_overhead_ms(alone_run, images_per_step)
+            for template_run, alone_run in zip(samples[interleaved], samples[lightning], strict=True)
+        )
         if f"template: {case.name}" in samples:
             throughput[case.name]["separate_processes"] = comparison(
                 samples[f"template: {case.name}"], samples[f"reference: {case.name}"], images_per_step
@@ -510,6 +553,14 @@ def table(results: dict, args: argparse.Namespace) -> str:
             f"{case['template_vs_reference_median_step']:>12.3f}{case['template_vs_reference_cpu_time']:>9.3f}"
             f"{case['template_overhead_ms_per_step']:>12.2f} ms{separate_columns}"
         )
+        alone = case["lightning_alone"]
+        lines.append(
+            f"{'  Lightning alone, the same way':<34}{alone['template_images_per_s']:>9.0f}"
+            f"{alone['reference_images_per_s']:>10.0f}{alone['template_vs_reference']:>19.3f}{span(alone):>13}"
+            f"{alone['template_vs_reference_median_step']:>12.3f}{alone['template_vs_reference_cpu_time']:>9.3f}"
+            f"{alone['template_overhead_ms_per_step']:>12.2f} ms"
+        )
+        lines.append(f"{'  of which the kit':<34}{'':>72}{case['kit_overhead_ms_per_step']:>12.2f} ms")
     if "scaling" in results:
         scaling = results["scaling"]
         template, reference = scaling["template_2p_vs_1p"], scaling["reference_2p_vs_1p"]

@@ -40,12 +40,13 @@ def test_a_minimal_benchmark_run_writes_every_figure(default_project, real_mnist
 
     assert set(results["throughput"]) == {"1 process", "2 processes (DDP)"}
     for case in results["throughput"].values():
-        for comparison in (case, case["separate_processes"]):
+        for comparison in (case, case["separate_processes"], case["lightning_alone"]):
             for name in COMPARISON_FIGURES:
                 assert_figure(comparison[name])
             assert all(faults >= 0 for faults in comparison["page_faults_per_step"].values())
+        assert_figure(case["kit_overhead_ms_per_step"])
     # Taking turns, each side timed its own 3 steps after the warm-up step: two turns each.
-    for run in results["samples"]["interleaved: 1 process"]:
+    for run in results["samples"]["interleaved: 1 process"] + results["samples"]["lightning alone: 1 process"]:
         assert run["template"]["steps_timed"] == run["reference"]["steps_timed"] == 3
     for name in (
         "template_s", "reference_s", "import_floor_s", "template_over_floor_s",
