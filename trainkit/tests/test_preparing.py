@@ -40,13 +40,26 @@ def wait_for_the_download(marker: Path, nodes: list[subprocess.Popen], tmp_path:
 @pytest.mark.parametrize("platform", ["SING", "torchrun"])
 def test_a_node_that_freezes_while_preparing_data_ends_the_others_with_75(platform, experiment, tmp_path):
     nodes = start_job(platform, experiment, tmp_path, download_seconds=600)
-    marker = tmp_path / "downloading"
-    wait_for_the_download(marker, nodes, tmp_path)
-    # (That a download longer than cluster.timeout is not a stall is the next test's.)
+    wait_for_the_download(tmp_path / "downloading", nodes, tmp_path)
+    # (That a download longer than cluster.timeout is not a stall is the last test's.)
     assert [node.poll() for node in nodes] == [None, None], logs_of(tmp_path)
     tree = process_tree(nodes[1].pid)
     for pid in tree[1:] if platform == "torchrun" else tree:  # torchrun's agent goes on, as beside a hung driver
         os.kill(pid, signal.SIGSTOP)
+    assert_node_0_ends_naming_node_1(nodes, tmp_path)
+    assert "while it prepared data" in logs_of(tmp_path)
+
+
+@pytest.mark.parametrize("platform", ["SING", "torchrun"])
+def test_a_node_that_dies_while_preparing_data_ends_the_others_with_75(platform, experiment, tmp_path):
+    nodes = start_job(platform, experiment, tmp_path, download_seconds=600)
+    wait_for_the_download(tmp_path / "downloading", nodes, tmp_path)
+    for pid in process_tree(nodes[1].pid):  # a machine that is gone: preempted, powered off
+        os.kill(pid, signal.SIGKILL)
+    assert_node_0_ends_naming_node_1(nodes, tmp_path)
+
+
+def assert_node_0_ends_naming_node_1(nodes: list[subprocess.Popen], tmp_path: Path) -> None:
     started = time.monotonic()
     codes = end_of_job(nodes[:1], within=TIMEOUT_SECONDS + 30)
     elapsed = time.monotonic() - started
@@ -55,7 +68,6 @@ def test_a_node_that_freezes_while_preparing_data_ends_the_others_with_75(platfo
     assert codes == [75], log
     assert elapsed < TIMEOUT_SECONDS + 30, log
     assert blame_only_node_1(tmp_path / "logs" / "node0.log"), log
-    assert "while it prepared data" in log, log
 
 
 def test_a_node_that_downloads_longer_than_the_timeout_trains_with_the_others(experiment, tmp_path):

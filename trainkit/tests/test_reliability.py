@@ -362,7 +362,7 @@ def test_checkpoints_load_without_running_code(tmp_path):
 
 
 def test_lost_processes_are_named_by_their_nodes():
-    from trainkit.run.diagnostics import Placement, nodes_of
+    from trainkit.run.placement import Placement, nodes_of
 
     placement = [Placement(node_rank=rank // 2, global_rank=rank, host=f"test-{rank // 2}") for rank in range(4)]
     assert nodes_of([2, 3], placement) == "node 1 (host test-1, global ranks 2, 3)"
@@ -380,7 +380,8 @@ def test_a_survivor_that_finds_the_roll_call_over_blames_no_node():
     (it waited out cluster.timeout) cannot tell a dead node 0 from one that ended, and says both."""
     from types import SimpleNamespace
 
-    from trainkit.run.diagnostics import Placement, explain
+    from trainkit.run.diagnostics import explain
+    from trainkit.run.placement import Placement
 
     placement = [Placement(node_rank=rank // 2, global_rank=rank, host=f"test-{rank // 2}") for rank in range(4)]
     environment = SimpleNamespace(main_address="test-0", main_port=29500)

@@ -4,15 +4,15 @@ import logging
 import re
 import socket
 import subprocess
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.distributed import DistError
 
-from trainkit.run import stopping
+from trainkit.run import preparing, stopping
 from trainkit.run.lost_peers import ROLL_CALL_SECONDS, ask_who_is_missing, stop_watching, watch_for_losses
+from trainkit.run.placement import Placement, nodes_of
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class ExplainDistributedFailure(Callback):
         watched = getattr(trainer.strategy.launcher, "procs", [])
         started = list(watched)
         watched.clear()
+        preparing.end_after_a_failure(exception)  # lost in prepare_data, before the placement below is known
         missing = None
         if self.placement and dist.is_initialized():
             missing = ask_who_is_missing(trainer.global_rank, trainer.world_size)
@@ -83,15 +84,6 @@ def lost_contact(exception: BaseException) -> bool:
     """Whether the job failed because processes could not reach each other (exit_codes.LOST_NODE)."""
     message = str(exception).lower()
     return isinstance(exception, DistError) or any(words in message for words in LOST_CONTACT_WORDS)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where one process of the job runs."""
-
-    node_rank: int
-    global_rank: int
-    host: str
 
 
 def explain(
@@ -132,24 +124,3 @@ def explain(
         return f"{here} {stuck}: see whose log ends first."
     lost = "another node" if missing is None else nodes_of(missing, placement)
     return f"{here} {lost} probably died or was stopped: see its log."
-
-
-def nodes_of(ranks: list[int], placement: list[Placement]) -> str:
-    """The nodes these global ranks ran on, e.g. `node 1 (host test-1, global ranks 2, 3)`.
-
-    A node is named with all its processes; when only some of them are among `ranks`, those are
-    named too: a process that saw its node's peer die may answer before it dies itself.
-    """
-    by_node: dict[int, list[Placement]] = {}
-    for process in placement:
-        by_node.setdefault(process.node_rank, []).append(process)
-    named = []
-    for node, processes in sorted(by_node.items()):
-        missing = [p.global_rank for p in processes if p.global_rank in ranks]
-        if not missing:
-            continue
-        everyone = [p.global_rank for p in processes]
-        ranks_word = "rank" if len(missing) == 1 else "ranks"
-        which = "" if missing == everyone else f"; {ranks_word} {', '.join(map(str, missing))} did not answer"
-        named.append(f"node {node} (host {processes[0].host}, global ranks {', '.join(map(str, everyone))}{which})")
-    return " and ".join(named)

@@ -27,12 +27,13 @@ import torch.distributed as dist
 from torch.distributed import DistError
 
 from trainkit.run import stopping
-from trainkit.run.diagnostics import Placement, nodes_of
 from trainkit.run.exit_codes import LOST_NODE
 from trainkit.run.lost_peers import job_store, keys_of_this_attempt, wait_until
+from trainkit.run.placement import Placement, nodes_of
 
 BEAT_SECONDS = 1.0  # how often each process says it is alive, and looks at the others
 READ_SECONDS = 5.0  # how long the main node's first process waits for the others to read its line
+ROLL_CALL_SECONDS = 3 * BEAT_SECONDS  # after a failure, a process that gives no sign of life for this long is lost
 BARRIER_AFTER_PREPARING = "pre_setup"  # the name of Lightning's first barrier after prepare_data
 
 
@@ -73,12 +74,31 @@ class PreparationWatch(threading.Thread):
         """The job's data are prepared: Lightning's barriers have timeouts again."""
         self._stopping.set()
 
+    def end_after(self, failure: BaseException) -> None:
+        """After `failure` (a peer's connection closed): in the main node's first process, name the processes that
+        give no sign of life and end every process with that line, as after a stall. Others wait for that line."""
+        if self.here.global_rank != 0:
+            self.join(ROLL_CALL_SECONDS + READ_SECONDS + 2 * BEAT_SECONDS)  # this watch reads the line and ends us
+            return
+        try:
+            store = job_store()
+            keys = [self._key("beats", rank) for rank in range(self.world_size)]
+            before = [store.add(key, 0) for key in keys]
+            time.sleep(ROLL_CALL_SECONDS)
+            silent = [rank for rank, key in enumerate(keys) if store.add(key, 0) == before[rank]]
+            named = nodes_of(silent, self._placement(store))
+        except DistError:
+            return
+        if silent:
+            why = f"{named} stopped answering ({type(failure).__name__}): it probably died or was stopped"
+            self._end(store, why, readers=self.world_size - 1 - len(silent))
+
+    def _placement(self, store: dist.Store) -> list[Placement]:
+        where = [self._key("where", rank) for rank in range(self.world_size)]
+        return [Placement(**json.loads(store.get(key))) for key in where if store.check([key])]
+
     def _describe(self, store: dist.Store, silent: list[int]) -> str:
-        placement = []
-        for rank in range(self.world_size):
-            if store.check([self._key("where", rank)]):
-                placement.append(Placement(**json.loads(store.get(self._key("where", rank)))))
-        named = nodes_of(silent, placement) or f"global ranks {', '.join(map(str, silent))}"
+        named = nodes_of(silent, self._placement(store)) or f"global ranks {', '.join(map(str, silent))}"
         return f"{named} gave no sign of life for {self.timeout} (cluster.timeout): it probably stalled or was stopped"
 
     def _end(self, store: dist.Store | None, why: str, readers: int = 0) -> None:
@@ -120,6 +140,13 @@ def watch_preparation(node_rank: int, global_rank: int, world_size: int, timeout
     prefix = f"{keys_of_this_attempt('preparing')}/{_watches_started}"
     _watch = PreparationWatch(prefix, Placement(node_rank, global_rank, socket.gethostname()), world_size, timeout)
     _watch.start()
+
+
+def end_after_a_failure(failure: BaseException) -> None:
+    """While the job prepares data, a failure to reach a peer (a node that died there) ends every process with 75 and
+    a line naming the processes that gave no sign of life since. Returns at other times, or when none fell silent."""
+    if _watch is not None and _watch.is_alive():
+        _watch.end_after(failure)
 
 
 def stop_watching_preparation() -> None:
