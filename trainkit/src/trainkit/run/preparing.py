@@ -86,19 +86,21 @@ class PreparationWatch(threading.Thread):
             before = [store.add(key, 0) for key in keys]
             time.sleep(ROLL_CALL_SECONDS)
             silent = [rank for rank, key in enumerate(keys) if store.add(key, 0) == before[rank]]
-            named = nodes_of(silent, self._placement(store))
+            named = self._named(store, silent)
         except DistError:
             return
         if silent:
             why = f"{named} stopped answering ({type(failure).__name__}): it probably died or was stopped"
             self._end(store, why, readers=self.world_size - 1 - len(silent))
 
-    def _placement(self, store: dist.Store) -> list[Placement]:
+    def _named(self, store: dist.Store, ranks: list[int]) -> str:
+        """The nodes of these processes, with their hosts as each process wrote them when the watch began."""
         where = [self._key("where", rank) for rank in range(self.world_size)]
-        return [Placement(**json.loads(store.get(key))) for key in where if store.check([key])]
+        placement = [Placement(**json.loads(store.get(key))) for key in where if store.check([key])]
+        return nodes_of(ranks, placement) or f"global ranks {', '.join(map(str, ranks))}"
 
     def _describe(self, store: dist.Store, silent: list[int]) -> str:
-        named = nodes_of(silent, self._placement(store)) or f"global ranks {', '.join(map(str, silent))}"
+        named = self._named(store, silent)
         return f"{named} gave no sign of life for {self.timeout} (cluster.timeout): it probably stalled or was stopped"
 
     def _end(self, store: dist.Store | None, why: str, readers: int = 0) -> None:
