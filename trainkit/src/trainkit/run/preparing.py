@@ -86,12 +86,13 @@ class PreparationWatch(threading.Thread):
             before = [store.add(key, 0) for key in keys]
             time.sleep(ROLL_CALL_SECONDS)
             silent = [rank for rank, key in enumerate(keys) if store.add(key, 0) == before[rank]]
+            if not silent:
+                return
             named = self._named(store, silent)
         except DistError:
             return
-        if silent:
-            why = f"{named} stopped answering ({type(failure).__name__}): it probably died or was stopped"
-            self._end(store, why, readers=self.world_size - 1 - len(silent))
+        why = f"{named} stopped answering ({type(failure).__name__}): it probably died or was stopped"
+        self._end(store, why, readers=self.world_size - 1 - len(silent))
 
     def _named(self, store: dist.Store, ranks: list[int]) -> str:
         """The nodes of these processes, with their hosts as each process wrote them when the watch began."""
