@@ -78,20 +78,23 @@ def node_envs(platform: str, port: int) -> list[dict[str, str]]:
     return [clean_env(**common, RANK=str(rank)) for rank in range(2)]
 
 
-def two_node_job(platform: str, args: list[str], port: int) -> tuple[list[list[str]], list[dict[str, str]]]:
-    """Each node's command and environment for `train.py ARGS` on 2 nodes x 2 processes on `platform`."""
+def two_node_job(
+    platform: str, args: list[str], port: int, processes: int = 2
+) -> tuple[list[list[str]], list[dict[str, str]]]:
+    """Each node's command and environment for `train.py ARGS` on 2 nodes x `processes` processes on `platform`."""
     if platform == "torchrun":
         endpoint = f"127.0.0.1:{port}"
         # Through the kit's wrapper, as the recipes run torchrun; the first node hosts the rendezvous, as
         # the machine named by MASTER_ADDR does (both would match 127.0.0.1 here).
         commands = [
             [sys.executable, "-m", "trainkit.cluster.torchrun", "--nnodes", "2", "--node-rank", str(rank),
-             "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "drill",
-             "--rdzv-conf", f"is_host={int(rank == 0)}", str(TRAIN_SCRIPT), *args]
+             "--nproc-per-node", str(processes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+             "--rdzv-id", "drill", "--rdzv-conf", f"is_host={int(rank == 0)}", str(TRAIN_SCRIPT), *args]
             for rank in range(2)
         ]  # fmt: skip
         return commands, [clean_env(), clean_env()]
-    command = [sys.executable, str(TRAIN_SCRIPT), *args, "--trainer.devices", "2", "--cluster.main_port", str(port)]
+    command = [sys.executable, str(TRAIN_SCRIPT), *args, "--trainer.devices", str(processes),
+               "--cluster.main_port", str(port)]  # fmt: skip
     return [command, command], node_envs(platform, port)
 
 

@@ -3,7 +3,9 @@
 NCCL's watchdog ends a process whose collective failed with SIGABRT; here, on CPU over gloo, the
 drills send that SIGABRT themselves, to a node's second process and to its first (the one
 Lightning started the other from). A stalled node (SIGSTOP: its connections stay open, as with a
-hung driver) must be told from a slow one only by `cluster.timeout`.
+hung driver) must be told from a slow one only by `cluster.timeout`. A process whose main thread hangs
+while its other threads run on (a hung device call or file read) answers for itself: it is named as
+stuck, with where its main thread is, and ends too.
 """
 
 import contextlib
@@ -24,16 +26,18 @@ TIMEOUT_SECONDS = 20
 PLATFORMS = ["SING", "POD", "torchrun"]
 
 
-def start_job(platform: str, experiment: Path, tmp_path: Path) -> tuple[list[subprocess.Popen], Path]:
-    """Two nodes of two processes each, paced, with the marker written after step 3."""
+def start_job(
+    platform: str, experiment: Path, tmp_path: Path, *extra_args: str, processes: int = 2
+) -> tuple[list[subprocess.Popen], Path]:
+    """Two nodes of `processes` processes each, paced, with the marker written after step 3."""
     marker = tmp_path / "step-3"
     args = ["fit", *full_epochs_args(experiment, tmp_path / "run", epochs=4),
-            "--cluster.timeout", f"0:00:{TIMEOUT_SECONDS}", *paced(marker, at_step=3)]  # fmt: skip
-    commands, envs = two_node_job(platform, args, free_port())
+            "--cluster.timeout", f"0:00:{TIMEOUT_SECONDS}", *paced(marker, at_step=3), *extra_args]  # fmt: skip
+    commands, envs = two_node_job(platform, args, free_port(), processes)
     nodes = start_nodes(commands, envs, tmp_path / "logs")
     wait_for(marker, nodes[0], tmp_path / "logs" / "node0.log")
     deadline = time.monotonic() + 30
-    while not all(Path(f"{marker}.rank{rank}").exists() for rank in range(4)):
+    while not all(Path(f"{marker}.rank{rank}").exists() for rank in range(2 * processes)):
         assert time.monotonic() < deadline, "not every process reached step 3"
         time.sleep(0.1)
     return nodes, marker
@@ -116,3 +120,29 @@ def test_a_stalled_node_ends_the_others_with_75_within_the_timeout(platform, exp
     line = error_line(platform, 0, tmp_path / "logs" / "node0.log")
     assert "node 1 (host" in line and "global ranks 2, 3" in line, log
     assert blame_only_node_1(tmp_path / "logs" / "node0.log"), log
+
+
+@pytest.mark.parametrize(
+    ("platform", "processes", "stuck"),
+    [("SING", 2, 2), ("torchrun", 2, 3), ("POD", 1, 1)],
+    ids=["SING-a-nodes-first-process", "torchrun-a-nodes-second-process", "POD-the-only-process-of-node-1"],
+)
+def test_a_process_whose_main_thread_hangs_is_named_and_the_job_ends_with_75(
+    platform, processes, stuck, experiment, tmp_path
+):
+    hang = ["--trainer.callbacks+=trainkit.testing.pacing.HangAtStep", "--trainer.callbacks.rank", str(stuck)]
+    nodes, _ = start_job(platform, experiment, tmp_path, *hang, processes=processes)
+    started = time.monotonic()
+    codes = end_of_job(nodes, within=TIMEOUT_SECONDS + 30)
+    elapsed = time.monotonic() - started
+    log = "\n".join((tmp_path / "logs" / f"node{index}.log").read_text() for index in range(2))
+    assert codes == [75, 75], logs_of(tmp_path)  # a node whose only process hung used to run on forever
+    assert elapsed < TIMEOUT_SECONDS + 30, logs_of(tmp_path)
+    stuck_at = f"stuck: global rank {stuck} (node 1, host "
+    where = "trainkit/testing/pacing.py:"
+    survivors = [line for line in log.splitlines() if line.startswith("error: node ") and "lost contact" in line]
+    assert len(survivors) == 2 * processes - 1, logs_of(tmp_path)
+    assert all(stuck_at in line and where in line for line in survivors), logs_of(tmp_path)
+    own_line = f"error: global rank {stuck} is stuck at "
+    stack = log.partition(f"The main thread of global rank {stuck}")[2]
+    assert own_line in stack and "in on_train_batch_end" in stack, logs_of(tmp_path)

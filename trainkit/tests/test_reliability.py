@@ -381,6 +381,7 @@ def test_a_survivor_that_finds_the_roll_call_over_blames_no_node():
     from types import SimpleNamespace
 
     from trainkit.run.diagnostics import explain
+    from trainkit.run.lost_peers import WhoIsMissing
     from trainkit.run.placement import Placement
 
     placement = [Placement(node_rank=rank // 2, global_rank=rank, host=f"test-{rank // 2}") for rank in range(4)]
@@ -393,9 +394,12 @@ def test_a_survivor_that_finds_the_roll_call_over_blames_no_node():
         " (test-0:29500) no longer answers: node 0 died or was stopped, or its processes had already ended after"
         " losing another one: see the other nodes' logs."
     )
-    named = explain(RuntimeError("gloo"), trainer, timedelta(seconds=20), placement, [2, 3])
+    named = explain(RuntimeError("gloo"), trainer, timedelta(seconds=20), placement, WhoIsMissing([2, 3]))
     assert named.endswith("node 1 (host test-1, global ranks 2, 3) probably died or was stopped: see its log.")
-    everyone = explain(RuntimeError("gloo"), trainer, timedelta(seconds=20), placement, [])
+    stuck = explain(RuntimeError("gloo"), trainer, timedelta(seconds=20), placement,
+                    WhoIsMissing([], {3: "/src/model.py:42 in training_step"}))  # fmt: skip
+    assert "stuck: global rank 3 (node 1, host test-1) at /src/model.py:42 in training_step. It still answers" in stuck
+    everyone = explain(RuntimeError("gloo"), trainer, timedelta(seconds=20), placement, WhoIsMissing([]))
     assert everyone.endswith(
         "every process still answers, so one is stuck (a peer stopped answering): see whose log ends first."
     )

@@ -5,7 +5,9 @@ notices the loss only after the others stopped waiting for answers, as a process
 collective that the loss does not end (it waits for the timeout). In the second, one survivor waits in
 the stop agreement on a stuck peer and stops waiting once another reported the loss, and one is
 blocked in a plain all-reduce, where only its LossWatch thread can answer for it. Every survivor
-must name the lost process alone.
+must name the lost process alone. In the third, every process answers, but one's main thread hangs
+outside any collective: it alone is named as stuck (not the one that waits in an all-reduce and has not
+noticed yet), and it ends itself with 75.
 """
 
 import contextlib
@@ -37,7 +39,7 @@ def survivor(rank: int, port: int, out: Path) -> None:
         return  # gone without a word (the test's process group outlives it: nothing is torn down)
     if rank == LATE:
         time.sleep(lost_peers.QUIET_SECONDS + 1)  # past the quiet time after the last answer
-    (out / f"missing-{rank}.json").write_text(json.dumps(lost_peers.ask_who_is_missing(rank, WORLD)))
+    (out / f"missing-{rank}.json").write_text(json.dumps(lost_peers.ask_who_is_missing(rank, WORLD).lost))
 
 
 def test_a_survivor_that_answers_late_is_not_named_as_lost(tmp_path):
@@ -75,7 +77,7 @@ def blocked(rank: int, port: int, out: Path) -> None:
     else:  # blocked where nothing can look for a report, as in DDP's all-reduce of the gradients
         with contextlib.suppress(RuntimeError):  # gloo's, once the others end
             dist.all_reduce(torch.zeros(1))
-    report["missing"] = lost_peers.ask_who_is_missing(rank, 4)
+    report["missing"] = lost_peers.ask_who_is_missing(rank, 4).lost
     (out / f"rank-{rank}.json").write_text(json.dumps(report))
     # What is tested is the report. Python's exit would tear down the gloo group of a collective that failed,
     # which on a loaded machine sometimes aborts in gloo ("terminate called without an active exception").
@@ -88,3 +90,31 @@ def test_survivors_blocked_in_a_collective_answer_and_stop_waiting_for_the_agree
     assert {rank: report["missing"] for rank, report in reports.items()} == {0: [STUCK], 1: [STUCK], 2: [STUCK]}
     # about a second after the report, not the timeout nor the stuck process's end
     assert reports[IN_AGREEMENT]["stopped waiting after"] < STUCK_SECONDS / 2, reports
+
+
+HUNG, WAITING = 2, 1
+
+
+def hung_or_waiting(rank: int, port: int, out: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=3, timeout=timedelta(seconds=60))
+    lost_peers.watch_for_losses(rank, 3)
+    if rank == HUNG:  # its LossWatch answers, and ends it once it is named
+        time.sleep(120)
+    if rank == WAITING:  # not noticing the loss within STUCK_SECONDS: until the hung process ends
+        with contextlib.suppress(RuntimeError):
+            dist.all_reduce(torch.zeros(1))
+    found = lost_peers.ask_who_is_missing(rank, 3)  # rank 0: as if an error of its own had told it of the loss
+    (out / f"rank-{rank}.json").write_text(json.dumps({"lost": found.lost, "stuck": found.stuck}))
+    os._exit(0)
+
+
+def test_a_process_whose_main_thread_hangs_is_named_as_stuck_and_ends_with_75(tmp_path):
+    context = mp.start_processes(hung_or_waiting, args=(free_port(), tmp_path), nprocs=3, join=False)
+    for process in context.processes:
+        process.join(timeout=60)
+    assert [process.exitcode for process in context.processes] == [0, 0, 75]
+    for rank in (0, WAITING):
+        found = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert found["lost"] == [] and list(found["stuck"]) == [str(HUNG)], found
+        assert found["stuck"][str(HUNG)].endswith(" in hung_or_waiting"), found

@@ -11,7 +11,14 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.distributed import DistError
 
 from trainkit.run import preparing, stopping
-from trainkit.run.lost_peers import ROLL_CALL_SECONDS, ask_who_is_missing, stop_watching, watch_for_losses
+from trainkit.run.lost_peers import (
+    ROLL_CALL_SECONDS,
+    STUCK_SECONDS,
+    WhoIsMissing,
+    ask_who_is_missing,
+    stop_watching,
+    watch_for_losses,
+)
 from trainkit.run.placement import Placement, nodes_of
 
 log = logging.getLogger(__name__)
@@ -91,7 +98,7 @@ def explain(
     trainer: Trainer,
     timeout: timedelta,
     placement: list[Placement],
-    missing: list[int] | None = None,
+    missing: WhoIsMissing | None = None,
 ) -> str:
     """One line for the end of the log: which processes or nodes are missing, and where they were awaited."""
     environment = getattr(trainer.strategy, "cluster_environment", None)
@@ -119,8 +126,23 @@ def explain(
             f"{here} the main node ({main}) no longer answers: node 0 died or was stopped, or its processes had"
             " already ended after losing another one: see the other nodes' logs."
         )
-    if missing == []:  # every process is alive: one is stuck where its other threads still run
+    if missing is not None and missing.stuck:
+        return f"{here} {stuck_processes(missing.stuck, placement)}"
+    if missing is not None and not missing.lost:  # every process is alive and noticed: one was stuck for a while
         stuck = "every process still answers, so one is stuck (a peer stopped answering)"
         return f"{here} {stuck}: see whose log ends first."
-    lost = "another node" if missing is None else nodes_of(missing, placement)
+    lost = "another node" if missing is None else nodes_of(missing.lost, placement)
     return f"{here} {lost} probably died or was stopped: see its log."
+
+
+def stuck_processes(stuck: dict[int, str], placement: list[Placement]) -> str:
+    """E.g. `stuck: global rank 3 (node 1, host test-1) at /src/model.py:42 in training_step; ...`."""
+    each = [
+        f"global rank {rank} (node {placement[rank].node_rank}, host {placement[rank].host}) at {where}"
+        for rank, where in stuck.items()
+    ]
+    return (
+        f"stuck: {' and '.join(each)}. It still answers, but its main thread never reached the collective the"
+        f" others waited in, nor noticed their failure within {STUCK_SECONDS:.0f} s (a hung device call, file"
+        " read or lock): its log has the main thread's whole stack."
+    )

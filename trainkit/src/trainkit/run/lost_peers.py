@@ -8,19 +8,28 @@ end: gloo's receive waits for the whole timeout even after the peer it waits on 
 neither ending nor aborting a process group frees it. So each process has a thread, `LossWatch`,
 that looks for the report every second and answers for it: a process that is alive is never named
 as lost, and its main thread stops waiting for the stop agreement at once (`wait_unless_lost`).
-A process that is frozen (SIGSTOP) or dead does not answer; one whose main thread hangs in a device
-call while its other threads run does: then every process answers, and the line says so.
+A process that is frozen (SIGSTOP) or dead does not answer. One whose main thread hangs (in a device
+call, a file read, a deadlock) while its other threads run does answer, but its main thread neither
+waits in a collective nor notices the loss as the others' do when their collectives time out: it is
+named as stuck, with the line its main thread is at, and its LossWatch ends it with exit 75, as
+nothing else would.
 """
 
 import json
 import os
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch.distributed as dist
 from torch.distributed import DistError, DistNetworkError
+
+from trainkit.run import stopping
+from trainkit.run.exit_codes import LOST_NODE
 
 CHECK_SECONDS = 1.0  # how often each process looks for a report of a loss
 POLL_SECONDS = 0.001  # how often a process waiting for the stop agreement looks whether it finished
@@ -28,6 +37,26 @@ POLL_SECONDS = 0.001  # how often a process waiting for the stop agreement looks
 ROLL_CALL_SECONDS = 15.0
 QUIET_SECONDS = 4.0
 LATE_SECONDS = 5.0  # after the quiet time, for a survivor that noticed the loss late
+# Once every process answered, for each one's main thread to notice the loss (its own collective times out
+# about when the first one's did); one that does not is stuck.
+STUCK_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class WhoIsMissing:
+    """The roll call's outcome: the processes that did not answer (lost), and those that answered from a
+    thread but whose main thread never noticed the loss (stuck), each with where its main thread is."""
+
+    lost: list[int]
+    stuck: dict[int, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"lost": self.lost, "stuck": self.stuck})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "WhoIsMissing":
+        found = json.loads(text)
+        return cls(found["lost"], {int(rank): where for rank, where in found["stuck"].items()})
 
 
 class LossReported(DistNetworkError):
@@ -66,7 +95,8 @@ class LossWatch(threading.Thread):
         self.rank, self.world_size = rank, world_size
         self.reported = threading.Event()  # a loss was reported, or the main node's store is gone
         self.answered = threading.Event()  # this process answered the roll call; `missing` is set if it could
-        self.missing: list[int] | None = None
+        self.missing: WhoIsMissing | None = None
+        self.noticed = threading.Event()  # the main thread handles the loss (ask_who_is_missing)
         self._stopping = threading.Event()
 
     def run(self) -> None:
@@ -81,6 +111,8 @@ class LossWatch(threading.Thread):
         self.reported.set()
         self.missing = _answer(store, self.rank, self.world_size)
         self.answered.set()
+        if self.missing is not None and self.rank in self.missing.stuck and not self.noticed.is_set():
+            _end_stuck_process(self.rank, self.missing.stuck[self.rank])
 
     def stop(self) -> None:
         """Stop looking: training ended in step with the others, and the main node may end before this process."""
@@ -114,46 +146,58 @@ def wait_unless_lost(work: dist.Work) -> None:
     work.wait()  # raises what the collective raised
 
 
-def ask_who_is_missing(rank: int, world_size: int) -> list[int] | None:
-    """The global ranks that did not answer after the failure; None when the main node's store is gone too.
+def ask_who_is_missing(rank: int, world_size: int) -> WhoIsMissing | None:
+    """Who did not answer after the failure, and who is stuck; None when the main node's store is gone too.
 
-    The process group is left as it is: ending it would wait for any collective still running, and
-    would not free the processes waiting on this one (the model's DDP wrapper keeps it alive).
+    Called by the main thread once it handles the failure. The process group is left as it is: ending
+    it would wait for any collective still running, and would not free the processes waiting on this one
+    (the model's DDP wrapper keeps it alive).
     """
-    if _watch is None or not _watch.answered.is_set():
-        store = job_store()
-        store.set_timeout(timedelta(seconds=ROLL_CALL_SECONDS))  # not the job's timeout: the main node may be gone
-        try:
-            store.set(f"{_prefix()}/reported", "")
-        except DistError:
-            return None
-        while _watch is not None and _watch.is_alive() and not _watch.answered.wait(0.2):
-            pass  # it answers for this process at its next look, and holds the roll call on the main node
+    if _watch is not None:
+        _watch.noticed.set()
+        if _watch.answered.is_set():
+            return _watch.missing
+    store = job_store()
+    store.set_timeout(timedelta(seconds=ROLL_CALL_SECONDS))  # not the job's timeout: the main node may be gone
+    try:
+        store.set(f"{_prefix()}/noticed/{rank}", "")
+        store.set(f"{_prefix()}/reported", "")
+    except DistError:
+        return None
+    while _watch is not None and _watch.is_alive() and not _watch.answered.wait(0.2):
+        pass  # it answers for this process at its next look, and holds the roll call on the main node
     if _watch is not None and _watch.answered.is_set():
         return _watch.missing
     return _answer(job_store(), rank, world_size)
 
 
-def _answer(store: dist.Store, rank: int, world_size: int) -> list[int] | None:
-    """Answer the roll call; the main node's first process holds it and publishes who did not answer."""
+def _answer(store: dist.Store, rank: int, world_size: int) -> WhoIsMissing | None:
+    """Answer the roll call, saying where this process's main thread is; the main node's first process holds it
+    and publishes who did not answer and who is stuck."""
     prefix = _prefix()
     try:
-        store.set(f"{prefix}/answer/{rank}", "here")
+        _say_where(store, prefix, rank)
         if rank == 0:
-            missing = _collect_answers(store, prefix, world_size)
-            if missing:  # give a process that answers late (a busy machine) a little longer
+            lost = _collect_answers(store, prefix, world_size)
+            if lost:  # give a process that answers late (a busy machine) a little longer
                 wait_until(lambda: _answered(store, f"{prefix}/answer", world_size) == world_size, LATE_SECONDS)
-                missing = [rank for rank in missing if not store.check([f"{prefix}/answer/{rank}"])]
-            store.set(f"{prefix}/missing", json.dumps(missing))
+                lost = [rank for rank in lost if not store.check([f"{prefix}/answer/{rank}"])]
+            found = WhoIsMissing(lost, {} if lost else _stuck(store, prefix, world_size, rank))
+            store.set(f"{prefix}/missing", found.to_json())
             # Keep the store open (it lives in this process) until the others have read the answer.
-            readers = world_size - len(missing) - 1
+            readers = world_size - len(lost) - 1
             wait_until(lambda: _answered(store, f"{prefix}/read", world_size) >= readers, 5.0)
-            return missing
-        if wait_until(lambda: store.check([f"{prefix}/missing"]), ROLL_CALL_SECONDS + LATE_SECONDS):
-            missing = json.loads(store.get(f"{prefix}/missing"))
+            return found
+
+        def published() -> bool:
+            _say_where(store, prefix, rank)  # its main thread may have moved on, into a collective
+            return store.check([f"{prefix}/missing"])
+
+        if wait_until(published, ROLL_CALL_SECONDS + LATE_SECONDS + STUCK_SECONDS):
+            found = WhoIsMissing.from_json(store.get(f"{prefix}/missing"))
             store.set(f"{prefix}/read/{rank}", "")
-            return missing
-        return _collect_answers(store, prefix, world_size)  # rank 0 was lost too, or is slow
+            return found
+        return WhoIsMissing(_collect_answers(store, prefix, world_size))  # rank 0 was lost too, or is slow
     except DistError:
         return None
 
@@ -169,6 +213,55 @@ def _collect_answers(store: dist.Store, prefix: str, world_size: int) -> list[in
             answered, quiet_since = now_answered, time.monotonic()
         time.sleep(0.2)
     return [rank for rank in range(world_size) if not store.check([f"{prefix}/answer/{rank}"])]
+
+
+def _stuck(store: dist.Store, prefix: str, world_size: int, rank: int) -> dict[int, str]:
+    """Every process answered: those whose main thread neither notices the loss in time nor waits for its peers in
+    a collective (one that began late notices later), and the line each one's main thread is at."""
+
+    def all_noticed() -> bool:
+        _say_where(store, prefix, rank)
+        return _answered(store, f"{prefix}/noticed", world_size) == world_size
+
+    wait_until(all_noticed, STUCK_SECONDS)
+    stuck = {}
+    for rank in range(world_size):
+        if not store.check([f"{prefix}/noticed/{rank}"]):
+            place = json.loads(store.get(f"{prefix}/answer/{rank}"))
+            if not place["waiting"]:
+                stuck[rank] = place["at"]
+    return stuck
+
+
+# Where a main thread waits for its peers: torch's collectives, and the backward pass (DDP's all-reduce).
+WAITING_MODULES = ("torch.distributed", "torch.nn.parallel", "torch.autograd")
+
+
+def _say_where(store: dist.Store, prefix: str, rank: int) -> None:
+    """This process's answer to the roll call: where its main thread is now."""
+    store.set(f"{prefix}/answer/{rank}", json.dumps(main_thread_place()))
+
+
+def main_thread_place() -> dict[str, str | bool]:
+    """The innermost line the main thread runs (`/src/model.py:42 in training_step`), and whether it waits there."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None:
+        return {"at": "an unknown place", "waiting": False}
+    at = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+    return {"at": at, "waiting": frame.f_globals.get("__name__", "").startswith(WAITING_MODULES)}
+
+
+def _end_stuck_process(rank: int, where: str) -> None:
+    """This process answered the roll call, but its main thread never noticed the loss the others waited out:
+    nothing else would end it. Its main thread's stack goes to the log, then it ends with exit 75."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
+    stopping.exit_now(
+        LOST_NODE,
+        f"The main thread of global rank {rank}, which the other processes of the job waited for:\n{stack}"
+        f"error: global rank {rank} is stuck at {where}: the other processes waited for it until cluster.timeout"
+        f" and gave up; exiting with {LOST_NODE} so that the job is retried",
+    )
 
 
 def _answered(store: dist.Store, prefix: str, world_size: int) -> int:

@@ -22,7 +22,7 @@ from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_
 
 from trainkit.run import stopping
 from trainkit.run.exit_codes import LOST_NODE
-from trainkit.run.lost_peers import LATE_SECONDS, ROLL_CALL_SECONDS, wait_until
+from trainkit.run.lost_peers import LATE_SECONDS, ROLL_CALL_SECONDS, STUCK_SECONDS, wait_until
 
 LOST_PEER = {-signal.SIGABRT, 128 + signal.SIGABRT, LOST_NODE}  # how a process that lost a peer ends
 POLL_SECONDS = 1
@@ -33,7 +33,7 @@ def watch_started_processes(timeout: timedelta) -> None:
 
     `timeout` is the job's (cluster.timeout): how long a collective waits for a peer that stopped answering.
     """
-    notice_seconds = timeout.total_seconds() + ROLL_CALL_SECONDS + LATE_SECONDS
+    notice_seconds = timeout.total_seconds() + ROLL_CALL_SECONDS + LATE_SECONDS + STUCK_SECONDS
 
     def start_watch(child_processes: list[subprocess.Popen]) -> None:
         StartedProcessesWatch(os.getpid(), child_processes, POLL_SECONDS, notice_seconds).start()

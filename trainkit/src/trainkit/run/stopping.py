@@ -126,7 +126,15 @@ def _stop(signum: signal.Signals) -> None:
 
 def _exit_now(signum: signal.Signals) -> None:
     status = EXIT_STATUS[signum]
-    os.write(2, f"{signum.name}: nothing to save yet, exiting with status {status}\n".encode())
+    exit_now(status, f"{signum.name}: nothing to save yet, exiting with status {status}")
+
+
+def exit_now(status: int, line: str) -> None:
+    """Write `line`, wait a little for the processes Lightning started here, end any left and the loader's
+    workers, and exit with `status`: from any thread, the main one perhaps waiting in C code."""
+    global _ending
+    _ending = True
+    os.write(2, f"{line}\n".encode())
     deadline = time.monotonic() + STARTED_PROCESSES_WAIT_SECONDS
     for process in _started_processes():
         try:
@@ -137,7 +145,7 @@ def _exit_now(signum: signal.Signals) -> None:
         child.kill()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(status)  # the main thread may be waiting in C code: end the process from here
+    os._exit(status)
 
 
 def _obey_only_the_parent() -> None:

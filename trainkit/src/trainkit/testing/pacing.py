@@ -53,3 +53,16 @@ class PaceValidation(Callback):
             if trainer.is_global_zero:
                 self.marker.touch()
             time.sleep(self.seconds_per_batch)
+
+
+class HangAtStep(Callback):
+    """After step `at_step`, the main thread of global rank `rank` hangs while its other threads run on, as in a
+    hung device call, a file read that never returns or a deadlock (`time.sleep` lets go of Python's lock)."""
+
+    def __init__(self, rank: int, at_step: int = 5) -> None:
+        self.rank = rank
+        self.at_step = at_step
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.at_step:
+            time.sleep(24 * 3600)
