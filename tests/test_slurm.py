@@ -13,7 +13,8 @@ Then the exit contract under a lost or stalled node (issue 32), on 2 nodes x 2 t
 20-s cluster.timeout: a training process ended by SIGABRT, as NCCL's watchdog ends one, makes every
 task end with 75 and the script requeue the job; a node whose processes freeze makes the other
 node's tasks end with 75 within the timeout plus 30 s. Both of node 0's processes name the lost
-node, also one blocked in a collective that the loss does not end.
+node, also one blocked in a collective that the loss does not end. A training process whose main
+thread hangs while its other threads run is named as stuck, and every task ends with 75.
 """
 
 import contextlib
@@ -173,7 +174,7 @@ LOST_CONTACT_LINE = re.compile(r"error: node \d+ \(global rank (\d+)\) lost cont
 
 
 @contextlib.contextmanager
-def paced_job(slurm: SlurmCluster, project: Path, data: Path, out: Path) -> Iterator[tuple[str, Path]]:
+def paced_job(slurm: SlurmCluster, project: Path, data: Path, out: Path, *extra: str) -> Iterator[tuple[str, Path]]:
     """A 2 nodes x 2 tasks job that trains until stopped, 0.2 s a step; entered once every task did step 3.
 
     Yields the job id and the marker whose `.rank<global rank>` files hold each training process's
@@ -183,7 +184,7 @@ def paced_job(slurm: SlurmCluster, project: Path, data: Path, out: Path) -> Iter
     job_id = submit(slurm, project, data, out, DRILL_NODES,
                     "--trainer.max_epochs", "1000", "--cluster.timeout", f"0:00:{DRILL_TIMEOUT_SECONDS}",
                     "--trainer.callbacks+=trainkit.testing.pacing.PaceSteps", "--trainer.callbacks.marker", str(marker),
-                    "--trainer.callbacks.at_step", "3")  # fmt: skip
+                    "--trainer.callbacks.at_step", "3", *extra)  # fmt: skip
     try:
         wait_for(lambda: all(Path(f"{marker}.rank{rank}").exists() for rank in range(WORLD)),
                  "step 3 on every task", job_log_of(slurm, project, job_id), timeout=180)  # fmt: skip
@@ -284,3 +285,25 @@ def test_a_stalled_node_ends_the_other_tasks_with_75_within_the_timeout(slurm, p
     assert names_only_node_1(lines.get(0, "")), text[-6000:]
     assert "global ranks 2, 3)" in lines[0], lines  # both stalled, neither answered
     assert names_only_node_1(lines.get(1, "")), text[-6000:]
+
+
+def test_a_training_process_whose_main_thread_hangs_is_named_and_every_task_ends_with_75(
+    slurm, project, fake_mnist, tmp_path
+):
+    """Node 1's second training process hangs in its main thread while its other threads run on, as in a hung
+    device call or file read: it answers when asked, so only where its main thread is tells it apart."""
+    stuck = WORLD - 1
+    hang = ["--trainer.callbacks+=trainkit.testing.pacing.HangAtStep", "--trainer.callbacks.rank", str(stuck)]
+    with paced_job(slurm, project, fake_mnist, tmp_path, *hang) as (job_id, marker):
+        log = job_log_of(slurm, project, job_id)
+        tasks = [task_process(marker, rank) for rank in range(WORLD)]
+        started = time.monotonic()
+        wait_for(lambda: all(map(ended, tasks)), "the end of every task", log, DRILL_TIMEOUT_SECONDS + 45)
+        print(f"every task ended {time.monotonic() - started:.1f} s after step 3")
+        wait_for(lambda: requeued(slurm.job(job_id)), "a requeue", log)
+        text = log()
+    assert task_statuses(text) == dict.fromkeys(range(WORLD), LOST_NODE), text[-6000:]
+    lines = lost_contact_lines(text)
+    assert sorted(lines) == [0, 1, 2], text[-6000:]
+    assert all(f"stuck: global rank {stuck} (node 1, host" in line for line in lines.values()), lines
+    assert f"error: global rank {stuck} is stuck at " in text and "in on_train_batch_end" in text, text[-6000:]
