@@ -146,3 +146,18 @@ def test_a_process_whose_main_thread_hangs_is_named_and_the_job_ends_with_75(
     own_line = f"error: global rank {stuck} is stuck at "
     stack = log.partition(f"The main thread of global rank {stuck}")[2]
     assert own_line in stack and "in on_train_batch_end" in stack, logs_of(tmp_path)
+
+
+def test_a_hung_process_whose_peers_are_aborted_without_a_roll_call_ends_with_75(experiment, tmp_path):
+    """As under NCCL, whose watchdog aborts the processes that wait for a hung one without a word: no roll call
+    runs. The hung process, alone on its node, ends once the main node's store is gone and its main thread has
+    not moved for a while."""
+    hang = ["--trainer.callbacks+=trainkit.testing.pacing.HangAtStep", "--trainer.callbacks.rank", "1"]
+    nodes, marker = start_job("POD", experiment, tmp_path, *hang, processes=1)
+    time.sleep(2)  # node 1's process hangs after step 5; node 0's waits for it in the next all-reduce
+    os.kill(pid_of(marker, 0), signal.SIGABRT)
+    codes = end_of_job(nodes, within=30)
+    assert codes == [75, 75], logs_of(tmp_path)  # node 1 ran on forever
+    stuck = (tmp_path / "logs" / "node1.log").read_text().partition("The main thread of global rank 1")[2]
+    assert "error: global rank 1 is stuck at " in stuck and "the main node's store is gone" in stuck, logs_of(tmp_path)
+    assert "in on_train_batch_end" in stuck, logs_of(tmp_path)

@@ -17,6 +17,8 @@ from trainkit.run.lost_peers import (
     WhoIsMissing,
     ask_who_is_missing,
     stop_watching,
+    training_begins,
+    training_ends,
     watch_for_losses,
 )
 from trainkit.run.placement import Placement, nodes_of
@@ -57,6 +59,12 @@ class ExplainDistributedFailure(Callback):
         self.placement = [here] * trainer.world_size
         dist.all_gather_object(self.placement, here)
         watch_for_losses(trainer.global_rank, trainer.world_size)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        training_begins()
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        training_ends()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         stop_watching()

@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from types import FrameType
 
 import torch.distributed as dist
 from torch.distributed import DistError, DistNetworkError
@@ -97,6 +98,7 @@ class LossWatch(threading.Thread):
         self.answered = threading.Event()  # this process answered the roll call; `missing` is set if it could
         self.missing: WhoIsMissing | None = None
         self.noticed = threading.Event()  # the main thread handles the loss (ask_who_is_missing)
+        self.training = threading.Event()  # between the first training step and the end of training
         self._stopping = threading.Event()
 
     def run(self) -> None:
@@ -107,12 +109,29 @@ class LossWatch(threading.Thread):
                     return
         except DistError:  # the main node's store is gone: its node is lost, or it ended
             self.reported.set()
+            self._end_if_stuck_alone()
             return
         self.reported.set()
         self.missing = _answer(store, self.rank, self.world_size)
         self.answered.set()
         if self.missing is not None and self.rank in self.missing.stuck and not self.noticed.is_set():
-            _end_stuck_process(self.rank, self.missing.stuck[self.rank])
+            where = self.missing.stuck[self.rank]
+            _end_stuck_process(self.rank, where, "the other processes waited for it until cluster.timeout and gave up")
+
+    def _end_if_stuck_alone(self) -> None:
+        """The main node ended without a roll call while this process trains (NCCL's watchdog aborts a process
+        without a word). A main thread that neither notices the loss nor waits in a collective, and does not move
+        for STUCK_SECONDS, is stuck: nothing else would end it. (After training, a process may wait for its last
+        checkpoint's write for minutes after the main node ended.)"""
+        seen, since = None, time.monotonic()
+        while self.training.is_set() and not (self.noticed.is_set() or self._stopping.wait(0.2)):
+            frame = sys._current_frames().get(threading.main_thread().ident)
+            now = None if frame is None else (frame, frame.f_lineno)  # the same frame object at the same line
+            if now is None or now != seen or _waits(frame):
+                seen, since = now, time.monotonic()
+            elif time.monotonic() - since > STUCK_SECONDS:
+                why = f"the main node's store is gone and its main thread has not moved for {STUCK_SECONDS:.0f} s"
+                _end_stuck_process(self.rank, _place_of(frame)["at"], why)
 
     def stop(self) -> None:
         """Stop looking: training ended in step with the others, and the main node may end before this process."""
@@ -133,6 +152,16 @@ def watch_for_losses(rank: int, world_size: int) -> None:
 def stop_watching() -> None:
     if _watch is not None:
         _watch.stop()
+
+
+def training_begins() -> None:
+    if _watch is not None:
+        _watch.training.set()
+
+
+def training_ends() -> None:
+    if _watch is not None:
+        _watch.training.clear()
 
 
 def wait_unless_lost(work: dist.Work) -> None:
@@ -247,20 +276,27 @@ def main_thread_place() -> dict[str, str | bool]:
     frame = sys._current_frames().get(threading.main_thread().ident)
     if frame is None:
         return {"at": "an unknown place", "waiting": False}
+    return _place_of(frame)
+
+
+def _place_of(frame: FrameType) -> dict[str, str | bool]:
     at = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-    return {"at": at, "waiting": frame.f_globals.get("__name__", "").startswith(WAITING_MODULES)}
+    return {"at": at, "waiting": _waits(frame)}
 
 
-def _end_stuck_process(rank: int, where: str) -> None:
-    """This process answered the roll call, but its main thread never noticed the loss the others waited out:
-    nothing else would end it. Its main thread's stack goes to the log, then it ends with exit 75."""
+def _waits(frame: FrameType) -> bool:
+    return frame.f_globals.get("__name__", "").startswith(WAITING_MODULES)
+
+
+def _end_stuck_process(rank: int, where: str, why: str) -> None:
+    """This process's main thread is stuck, and nothing else would end it: its stack goes to the log, then the
+    process ends with exit 75."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
     stopping.exit_now(
         LOST_NODE,
         f"The main thread of global rank {rank}, which the other processes of the job waited for:\n{stack}"
-        f"error: global rank {rank} is stuck at {where}: the other processes waited for it until cluster.timeout"
-        f" and gave up; exiting with {LOST_NODE} so that the job is retried",
+        f"error: global rank {rank} is stuck at {where}: {why}; exiting with {LOST_NODE} so that the job is retried",
     )
 
 
