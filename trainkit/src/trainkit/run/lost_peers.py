@@ -41,6 +41,8 @@ LATE_SECONDS = 5.0  # after the quiet time, for a survivor that noticed the loss
 # Once every process answered, for each one's main thread to notice the loss (its own collective times out
 # about when the first one's did); one that does not is stuck.
 STUCK_SECONDS = 10.0
+# Where a main thread waits for its peers: torch's collectives, and the backward pass (DDP's all-reduce).
+WAITING_MODULES = ("torch.distributed", "torch.nn.parallel", "torch.autograd")
 
 
 @dataclass(frozen=True)
@@ -254,24 +256,20 @@ def _stuck(store: dist.Store, prefix: str, world_size: int, rank: int) -> dict[i
 
     wait_until(all_noticed, STUCK_SECONDS)
     stuck = {}
-    for rank in range(world_size):
-        if not store.check([f"{prefix}/noticed/{rank}"]):
-            place = json.loads(store.get(f"{prefix}/answer/{rank}"))
+    for other in range(world_size):
+        if not store.check([f"{prefix}/noticed/{other}"]):
+            place = json.loads(store.get(f"{prefix}/answer/{other}"))
             if not place["waiting"]:
-                stuck[rank] = place["at"]
+                stuck[other] = place["at"]
     return stuck
-
-
-# Where a main thread waits for its peers: torch's collectives, and the backward pass (DDP's all-reduce).
-WAITING_MODULES = ("torch.distributed", "torch.nn.parallel", "torch.autograd")
 
 
 def _say_where(store: dist.Store, prefix: str, rank: int) -> None:
     """This process's answer to the roll call: where its main thread is now."""
-    store.set(f"{prefix}/answer/{rank}", json.dumps(main_thread_place()))
+    store.set(f"{prefix}/answer/{rank}", json.dumps(_main_thread_place()))
 
 
-def main_thread_place() -> dict[str, str | bool]:
+def _main_thread_place() -> dict[str, str | bool]:
     """The innermost line the main thread runs (`/src/model.py:42 in training_step`), and whether it waits there."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     if frame is None:
