@@ -127,7 +127,7 @@ class LossWatch(threading.Thread):
         checkpoint's write for minutes after the main node ended.)"""
         seen, since = None, time.monotonic()
         while self.training.is_set() and not (self.noticed.is_set() or self._stopping.wait(0.2)):
-            frame = sys._current_frames().get(threading.main_thread().ident)
+            frame = _main_thread_frame()
             now = None if frame is None else (frame, frame.f_lineno)  # the same frame object at the same line
             if now is None or now != seen or _waits(frame):
                 seen, since = now, time.monotonic()
@@ -271,10 +271,15 @@ def _say_where(store: dist.Store, prefix: str, rank: int) -> None:
 
 def _main_thread_place() -> dict[str, str | bool]:
     """The innermost line the main thread runs (`/src/model.py:42 in training_step`), and whether it waits there."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    frame = _main_thread_frame()
     if frame is None:
         return {"at": "an unknown place", "waiting": False}
     return _place_of(frame)
+
+
+def _main_thread_frame() -> FrameType | None:
+    """The frame the main thread runs now (None once it has ended)."""
+    return sys._current_frames().get(threading.main_thread().ident)
 
 
 def _place_of(frame: FrameType) -> dict[str, str | bool]:
@@ -289,7 +294,7 @@ def _waits(frame: FrameType) -> bool:
 def _end_stuck_process(rank: int, where: str, why: str) -> None:
     """This process's main thread is stuck, and nothing else would end it: its stack goes to the log, then the
     process ends with exit 75."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    frame = _main_thread_frame()
     stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
     stopping.exit_now(
         LOST_NODE,
