@@ -71,6 +71,12 @@ class InterleavedReference(Callback):
         if clock.done and trainer.global_rank == 0:  # once: later calls return at the top
             self._write()
 
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # The plain loop's DistributedDataParallel holds the process group. Released here, the group ends when
+        # the run ends it, not at the interpreter's exit, where gloo's threads may abort the process (exit -6).
+        if getattr(self, "plain", None) is not None:
+            self.plain.model = None
+
     def _plain_turn(self) -> None:
         """The plain loop trains until it has taken as many steps as the template."""
         self.reference.restart(self.plain.epoch)
