@@ -31,6 +31,7 @@ from torch.distributed import DistError, DistNetworkError
 
 from trainkit.run import stopping
 from trainkit.run.exit_codes import LOST_NODE
+from trainkit.run.store_threads import StoreThread
 
 CHECK_SECONDS = 1.0  # how often each process looks for a report of a loss
 POLL_SECONDS = 0.001  # how often a process waiting for the stop agreement looks whether it finished
@@ -86,7 +87,7 @@ def job_store() -> dist.Store:
     return dist.distributed_c10d._get_default_store()  # torch has no public getter
 
 
-class LossWatch(threading.Thread):
+class LossWatch(StoreThread):
     """Looks for a reported loss every CHECK_SECONDS and answers the roll call for this process.
 
     A process other than the main node's first also reads the list of the missing that the main node
@@ -94,20 +95,19 @@ class LossWatch(threading.Thread):
     """
 
     def __init__(self, rank: int, world_size: int) -> None:
-        super().__init__(name="trainkit-loss-watch", daemon=True)
+        super().__init__(name="trainkit-loss-watch")
         self.rank, self.world_size = rank, world_size
         self.reported = threading.Event()  # a loss was reported, or the main node's store is gone
         self.answered = threading.Event()  # this process answered the roll call; `missing` is set if it could
         self.missing: WhoIsMissing | None = None
         self.noticed = threading.Event()  # the main thread handles the loss (ask_who_is_missing)
         self.training = threading.Event()  # between the first training step and the end of training
-        self._stopping = threading.Event()
 
     def run(self) -> None:
         store, prefix = job_store(), _prefix()
         try:
             while not store.check([f"{prefix}/reported"]):
-                if self._stopping.wait(CHECK_SECONDS):
+                if self.stopping.wait(CHECK_SECONDS):
                     return
         except DistError:  # the main node's store is gone: its node is lost, or it ended
             self.reported.set()
@@ -126,7 +126,7 @@ class LossWatch(threading.Thread):
         for STUCK_SECONDS, is stuck: nothing else would end it. (After training, a process may wait for its last
         checkpoint's write for minutes after the main node ended.)"""
         seen, since = None, time.monotonic()
-        while self.training.is_set() and not (self.noticed.is_set() or self._stopping.wait(0.2)):
+        while self.training.is_set() and not (self.noticed.is_set() or self.stopping.wait(0.2)):
             frame = _main_thread_frame()
             now = None if frame is None else (frame, frame.f_lineno)  # the same frame object at the same line
             if now is None or now != seen or _waits(frame):
@@ -134,10 +134,6 @@ class LossWatch(threading.Thread):
             elif time.monotonic() - since > STUCK_SECONDS:
                 why = f"the main node's store is gone and its main thread has not moved for {STUCK_SECONDS:.0f} s"
                 _end_stuck_process(self.rank, _place_of(frame)["at"], why)
-
-    def stop(self) -> None:
-        """Stop looking: training ended in step with the others, and the main node may end before this process."""
-        self._stopping.set()
 
 
 _watch: LossWatch | None = None  # this process's, while it trains with others
@@ -152,8 +148,9 @@ def watch_for_losses(rank: int, world_size: int) -> None:
 
 
 def stop_watching() -> None:
+    """Stop looking: training ended in step with the others, and the main node may end before this process."""
     if _watch is not None:
-        _watch.stop()
+        _watch.stop_and_wait()
 
 
 def training_begins() -> None:

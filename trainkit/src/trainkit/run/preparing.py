@@ -18,7 +18,6 @@ import json
 import os
 import socket
 import sys
-import threading
 import time
 from dataclasses import asdict
 from datetime import timedelta
@@ -30,6 +29,7 @@ from trainkit.run import stopping
 from trainkit.run.exit_codes import LOST_NODE
 from trainkit.run.lost_peers import job_store, keys_of_this_attempt, wait_until
 from trainkit.run.placement import Placement, nodes_of
+from trainkit.run.store_threads import StoreThread
 
 BEAT_SECONDS = 1.0  # how often each process says it is alive, and looks at the others
 READ_SECONDS = 5.0  # how long the main node's first process waits for the others to read its line
@@ -37,14 +37,13 @@ ROLL_CALL_SECONDS = 3 * BEAT_SECONDS  # after a failure, a process that gives no
 BARRIER_AFTER_PREPARING = "pre_setup"  # the name of Lightning's first barrier after prepare_data
 
 
-class PreparationWatch(threading.Thread):
+class PreparationWatch(StoreThread):
     """Signs of life in the job's store while the job prepares data; names the processes that fell silent."""
 
     def __init__(self, prefix: str, here: Placement, world_size: int, timeout: timedelta) -> None:
-        super().__init__(name="trainkit-preparation-watch", daemon=True)
+        super().__init__(name="trainkit-preparation-watch")
         self.prefix, self.here, self.world_size = prefix, here, world_size
         self.timeout = timeout
-        self._stopping = threading.Event()
 
     def run(self) -> None:
         store = job_store()
@@ -55,7 +54,7 @@ class PreparationWatch(threading.Thread):
         watched = [other for other in range(self.world_size) if other != rank] if rank == 0 else [0]
         try:
             store.set(self._key("where", rank), json.dumps(asdict(self.here)))
-            while not self._stopping.wait(BEAT_SECONDS):
+            while not self.stopping.wait(BEAT_SECONDS):
                 store.add(self._key("beats", rank), 1)
                 if rank != 0 and store.check([self._key("silent")]):
                     self._end(store, store.get(self._key("silent")).decode())
@@ -69,10 +68,6 @@ class PreparationWatch(threading.Thread):
                     self._end(store, self._describe(store, silent), readers=self.world_size - 1 - len(silent))
         except DistError:  # the store lives in the main node's first process: that process is gone or frozen
             self._end(None, "the main node (node 0) no longer answers: it died or was stopped")
-
-    def stop(self) -> None:
-        """The job's data are prepared: Lightning's barriers have timeouts again."""
-        self._stopping.set()
 
     def end_after(self, failure: BaseException) -> None:
         """After `failure` (a peer's connection closed): in the main node's first process, name the processes that
@@ -153,8 +148,9 @@ def end_after_a_failure(failure: BaseException) -> None:
 
 
 def stop_watching_preparation() -> None:
+    """The job's data are prepared: Lightning's barriers have timeouts again."""
     if _watch is not None:
-        _watch.stop()
+        _watch.stop_and_wait()
 
 
 def at_barrier(name: str | None) -> None:
