@@ -279,9 +279,8 @@ def main(args: list[str] | None = None) -> None:
 def leave_process_group() -> None:
     """End the process group while Python is still alive, after a run that ended in step with the others.
 
-    Left to the interpreter's exit, gloo's worker threads can still hold tensors whose release then needs
-    the interpreter: the process aborts (SIGABRT, "terminate called without an active exception", exit
-    134 instead of 0 or 143), now and then. Not after a lost node: ending a group whose peers are gone
-    can wait on them."""
+    torch asks for it: a group left to the interpreter's exit is torn down with its backend's threads
+    still running (NCCL prints a warning that pending work may not have finished). Not after a lost node:
+    ending a group whose peers are gone can wait on them."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -16,7 +16,7 @@ EXIT_WAIT_SECONDS = 5.0
 
 
 class StoreThread(threading.Thread):
-    """A daemon thread that polls the job's store until `stop`; its `run` waits on `stopping` between calls."""
+    """A daemon thread that polls the job's store until `stop_and_wait`; its `run` waits on `stopping` between calls."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name=name, daemon=True)
@@ -26,13 +26,9 @@ class StoreThread(threading.Thread):
         atexit.register(self.stop_and_wait)
         super().start()
 
-    def stop(self) -> None:
-        """Make no more calls to the store."""
-        self.stopping.set()
-
     def stop_and_wait(self) -> None:
-        """Stop, and wait (up to EXIT_WAIT_SECONDS) for a store call under way to return."""
-        self.stop()
+        """Make no more calls to the store, and wait (up to EXIT_WAIT_SECONDS) for a call under way to return."""
+        self.stopping.set()
         atexit.unregister(self.stop_and_wait)
         if self.is_alive() and self is not threading.current_thread():
             self.join(EXIT_WAIT_SECONDS)
