@@ -14,7 +14,8 @@ Then the exit contract under a lost or stalled node (issue 32), on 2 nodes x 2 t
 task end with 75 and the script requeue the job; a node whose processes freeze makes the other
 node's tasks end with 75 within the timeout plus 30 s. Both of node 0's processes name the lost
 node, also one blocked in a collective that the loss does not end. A training process whose main
-thread hangs while its other threads run is named as stuck, and every task ends with 75.
+thread hangs while its other threads run is named as stuck, and every task ends with 75. A node that freezes
+while the job prepares its data (node 1 downloading) ends node 0's tasks with 75 in the same way.
 """
 
 import contextlib
@@ -259,32 +260,100 @@ def test_an_aborted_training_process_ends_every_task_with_75_and_the_job_is_requ
     assert names_only_node_1(lines[0]) and names_only_node_1(lines[1]), lines
 
 
+def stall_until_node_0_ends(stalled: list[int], survivors: list[int], log: Callable[[], str]) -> str:
+    """Freeze the `stalled` processes (SIGSTOP), wait until node 0's tasks (`survivors`) have ended and srun has
+    written their statuses, then kill what was frozen (otherwise srun waits for it until the time limit). The log."""
+    try:
+        for pid in stalled:
+            os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        wait_for(lambda: all(map(ended, survivors)), "the end of node 0's tasks", log, DRILL_TIMEOUT_SECONDS + 30)
+        print(f"node 0's tasks ended {time.monotonic() - started:.1f} s after node 1 stalled")
+        # srun writes a task's status a moment after the task ended
+        wait_for(lambda: {0, 1} <= task_statuses(log()).keys(), "srun's statuses of node 0's tasks", log, 30)
+        return log()
+    finally:
+        for pid in stalled:
+            for signum in (signal.SIGKILL, signal.SIGCONT):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+
+
 def test_a_stalled_node_ends_the_other_tasks_with_75_within_the_timeout(slurm, project, fake_mnist, tmp_path):
     """Node 1's tasks freeze (SIGSTOP), their connections open, as beside a hung driver; slurmstepd goes on."""
     with paced_job(slurm, project, fake_mnist, tmp_path) as (job_id, marker):
         log = job_log_of(slurm, project, job_id)
         stalled = [pid for rank in (2, 3) for pid in (task_process(marker, rank), training_pid(marker, rank))]
-        survivors = [task_process(marker, rank) for rank in (0, 1)]
-        try:
-            for pid in stalled:
-                os.kill(pid, signal.SIGSTOP)
-            started = time.monotonic()
-            wait_for(lambda: all(map(ended, survivors)), "the end of node 0's tasks", log, DRILL_TIMEOUT_SECONDS + 30)
-            print(f"node 0's tasks ended {time.monotonic() - started:.1f} s after node 1 stalled")
-            # srun writes a task's status a moment after the task ended
-            wait_for(lambda: {0, 1} <= task_statuses(log()).keys(), "srun's statuses of node 0's tasks", log, 30)
-            text = log()
-        finally:
-            for pid in stalled:  # what the test stopped: otherwise srun waits for it until the time limit
-                for signum in (signal.SIGKILL, signal.SIGCONT):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signum)
+        text = stall_until_node_0_ends(stalled, [task_process(marker, rank) for rank in (0, 1)], log)
     statuses = task_statuses(text)
     assert {rank: statuses.get(rank) for rank in (0, 1)} == {0: LOST_NODE, 1: LOST_NODE}, text[-6000:]
     lines = lost_contact_lines(text)
     assert names_only_node_1(lines.get(0, "")), text[-6000:]
     assert "global ranks 2, 3)" in lines[0], lines  # both stalled, neither answered
     assert names_only_node_1(lines.get(1, "")), text[-6000:]
+
+
+# The project's own MNIST data, whose download on node 1 computes for `seconds` (an unzip, a checksum):
+# written into the project copy, beside train.py, so that `--data slow_mnist.SlowMNIST` finds it.
+SLOW_MNIST = """
+import os
+import time
+from pathlib import Path
+
+from {package}.data.mnist import MNISTDataModule
+
+
+class SlowMNIST(MNISTDataModule):
+    def __init__(self, marker: str, seconds: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.marker, self.seconds = Path(marker), seconds
+
+    def prepare_data(self) -> None:
+        if self.trainer.node_rank == 1:
+            self.marker.write_text(str(os.getpid()))
+            deadline = time.monotonic() + self.seconds
+            while time.monotonic() < deadline:
+                sum(range(10_000))
+"""
+
+
+def processes_of_node(job_id: str, node: int) -> list[int]:
+    """The task processes and training processes that srun started on `node` for this job (by their environment;
+    srun itself, on node 0, runs `srun python train.py` and is not one of them)."""
+    wanted = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURM_NODEID={node}".encode()}
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            command = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+            ours = b"train.py" in command and Path(command[0].decode()).name != "srun"
+            if ours and wanted <= set((proc / "environ").read_bytes().split(b"\0")):
+                found.append(int(proc.name))
+    return found
+
+
+def test_a_node_that_freezes_while_preparing_data_ends_the_other_tasks_with_75(slurm, project, fake_mnist, tmp_path):
+    """Node 1's tasks freeze (SIGSTOP) while node 1 downloads, before training: Lightning's barrier around
+    prepare_data has no timeout of its own, so only the kit's signs of life end node 0's tasks."""
+    package = next(path.parent.parent.name for path in (project / "src").glob("*/data/mnist.py"))
+    (project / "slow_mnist.py").write_text(SLOW_MNIST.format(package=package))
+    marker = tmp_path / "downloading"
+    job_id = submit(slurm, project, fake_mnist, tmp_path, DRILL_NODES,
+                    "--cluster.timeout", f"0:00:{DRILL_TIMEOUT_SECONDS}", "--data", "slow_mnist.SlowMNIST",
+                    "--data.marker", str(marker), "--data.seconds", "600")  # fmt: skip
+    log = job_log_of(slurm, project, job_id)
+    try:
+        wait_for(lambda: marker.exists() or task_statuses(log()), "node 1's download", log, timeout=180)
+        assert marker.exists(), log()  # not a task that ended before
+        stalled, survivors = processes_of_node(job_id, 1), processes_of_node(job_id, 0)
+        assert len(stalled) == len(survivors) == 2 * TASKS_PER_NODE, (stalled, survivors)  # tasks and their children
+        text = stall_until_node_0_ends(stalled, survivors, log)
+    finally:
+        slurm.cancel(job_id)
+    statuses = task_statuses(text)
+    assert {rank: statuses.get(rank) for rank in (0, 1)} == {0: LOST_NODE, 1: LOST_NODE}, text[-6000:]
+    lines = lost_contact_lines(text)
+    assert all(names_only_node_1(lines.get(rank, "")) for rank in (0, 1)), text[-6000:]
+    assert all("while it prepared data" in lines[rank] for rank in (0, 1)), lines
 
 
 def test_a_training_process_whose_main_thread_hangs_is_named_and_every_task_ends_with_75(
