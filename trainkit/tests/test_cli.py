@@ -58,6 +58,7 @@ def test_print_config_is_complete_and_reusable(experiment, tmp_path):
     assert config["model"]["init_args"]["hidden"] == 64
     assert config["model"]["init_args"]["lr"] == 0.01  # from the model's own config file, which the experiment names
     assert config["cluster"]["timeout"] == "0:05:00"
+    assert config["cluster"]["join_timeout"] == "0:10:00"
     assert {"trainer", "data", "seed_everything", "ckpt_path"} <= config.keys()
 
     saved = tmp_path / "printed.yaml"

@@ -393,7 +393,7 @@ def test_num_nodes_is_the_users_on_a_single_node(environ):
 
 def test_validate_settings_checks_the_node_count_and_answering_the_roll_call_is_apart(environ):
     environ({**POD_NODE_1, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": str(free_port())})
-    env = PODEnvironment(address_timeout=1, timeout=timedelta(seconds=5))
+    env = PODEnvironment(address_timeout=1, join_timeout=timedelta(seconds=5))
     env.validate_settings(num_devices=2, num_nodes=1)
     with pytest.raises(ClusterConfigError, match=r"trainer\.num_nodes=3 but WORLD_SIZE=1"):
         env.validate_settings(num_devices=2, num_nodes=3)
@@ -405,7 +405,7 @@ def test_validate_settings_checks_numbers_only_with_no_main_node_to_reach(enviro
     # Lightning calls it as a check of numbers: no name lookup, no connection, whatever the timeouts.
     main = {"SING_MASTER_ADDR": "main.invalid", "MASTER_ADDR": "main.invalid", "MASTER_PORT": str(free_port())}
     environ({**POD_NODE_1, "SING_RANK": "1", "SING_WORLD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2", **main})
-    env = environment(address_timeout=300, timeout=timedelta(minutes=5))
+    env = environment(address_timeout=300, join_timeout=timedelta(minutes=5))
     started = time.monotonic()
     env.validate_settings(num_devices=2, num_nodes=2)
     assert time.monotonic() - started < 1
@@ -470,7 +470,31 @@ def test_roll_call_names_the_node_that_did_not_arrive():
     started = time.monotonic()
     (outcome,) = answer_roll_calls([(0, 2)], num_nodes=3, seconds=2)
     assert outcome.startswith("NodesDidNotArrive: only 1 of 3 nodes joined at 127.0.0.1:"), outcome
-    assert "within 0:00:02: node 1, 2 did not arrive" in outcome and time.monotonic() - started < 30
+    assert "within 0:00:02 (cluster.join_timeout): node 1, 2 did not arrive" in outcome
+    assert time.monotonic() - started < 30
+
+
+CHECK_IN = """
+import sys
+from datetime import timedelta
+from trainkit.cluster.arrival import wait_for_every_process
+port, rank, world_size = map(int, sys.argv[1:])
+try:
+    wait_for_every_process("127.0.0.1", port, rank, world_size, 2, timedelta(seconds=2))
+    print("joined")
+except Exception as error:
+    print(f"{type(error).__name__}: {error}")
+"""
+
+
+def test_processes_that_did_not_check_in_are_named_with_their_node():
+    port = free_port()
+    checking_in = [subprocess.Popen([sys.executable, "-c", CHECK_IN, str(port), str(rank), "4"], env=clean_env(),
+                                    stdout=subprocess.PIPE, text=True) for rank in (0, 2)]  # fmt: skip
+    outcomes = [process.communicate(timeout=60)[0].strip() for process in checking_in]
+    assert outcomes[0].startswith(f"NodesDidNotArrive: only 2 of 4 processes joined at 127.0.0.1:{port}"), outcomes
+    assert "within 0:00:02 (cluster.join_timeout): global rank 1, 3 of node 0, 1 did not arrive" in outcomes[0]
+    assert outcomes[1].startswith("NodesDidNotArrive: "), outcomes  # the same line, or node 0 ended first
 
 
 def test_unresolvable_main_address_fails_after_the_timeout_naming_the_host():

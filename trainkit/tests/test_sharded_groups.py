@@ -8,6 +8,7 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from trainkit.checkpoints.saving import CheckpointSavingSettings
+from trainkit.cluster.settings import ClusterSettings
 from trainkit.strategies.sharded import ShardedStrategy
 
 from .helpers import free_port
@@ -25,7 +26,7 @@ def test_the_background_saves_gloo_group_takes_cluster_timeout(one_process_job, 
     monkeypatch.setattr(ModelParallelStrategy, "setup_environment", lambda strategy: None)  # the job is formed
     strategy = ShardedStrategy()
     strategy.parallel_devices = [torch.device("cpu")]
-    strategy.use(timedelta(seconds=42), CheckpointSavingSettings(asynchronous=True))
+    strategy.use(ClusterSettings(timeout=timedelta(seconds=42)), CheckpointSavingSettings(asynchronous=True))
     strategy.setup_environment()
     gloo = strategy._checkpoint_group._get_backend(torch.device("cpu"))
     assert gloo.options._timeout == timedelta(seconds=42)  # gloo's own default is 30 minutes

@@ -10,7 +10,6 @@ import os
 import sys
 import time
 import traceback
-from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
@@ -147,10 +146,10 @@ class ProjectCLI(LightningCLI):
             keep = config.checkpoint_store.keep
             io = AtomicCheckpointIO(saving) if self.store is None else StoredCheckpointIO(self.store, keep, saving)
             plugins.append(io)
-        use_timeout_for_ddp(config.cluster.timeout)
+        use_timeouts_for_ddp(config.cluster)
         watch_started_processes(config.cluster.timeout)  # a lost peer ends the node with 75, not Lightning's SIGKILL
         if isinstance(config.trainer.strategy, ShardedStrategy):
-            config.trainer.strategy.use(config.cluster.timeout, config.checkpoint_saving)
+            config.trainer.strategy.use(config.cluster, config.checkpoint_saving)
         callbacks = [
             *configured(config.trainer.callbacks),
             LogProcessPlacement(platform.name),
@@ -205,16 +204,17 @@ def checked_store(settings: CheckpointStoreSettings, writable: bool) -> ObjectSt
     return store
 
 
-def use_timeout_for_ddp(timeout: timedelta) -> None:
+def use_timeouts_for_ddp(cluster: ClusterSettings) -> None:
     # With several processes, strategy "auto" resolves to Lightning's registered "ddp" strategy;
-    # registering it with our timeout makes a lost or missing process fail the job in minutes.
+    # registering it with our timeouts makes a lost or missing process fail the job in minutes.
     StrategyRegistry.register(
         "ddp",
         WatchedDDPStrategy,
-        description="DDP with cluster.timeout",
+        description="DDP with cluster.timeout and cluster.join_timeout",
         override=True,
         start_method="popen",
-        timeout=timeout,
+        timeout=cluster.timeout,
+        join_timeout=cluster.join_timeout,
     )
 
 

@@ -49,7 +49,7 @@ class NodeLevelEnvironment(ClusterEnvironment):
         self,
         main_port: int = DEFAULT_MAIN_PORT,
         address_timeout: float = 300.0,
-        timeout: timedelta = ClusterSettings.timeout,
+        join_timeout: timedelta = ClusterSettings.join_timeout,
     ) -> None:
         super().__init__()
         self._node_rank, self._num_nodes = self._read_node_rank_and_count()
@@ -58,7 +58,7 @@ class NodeLevelEnvironment(ClusterEnvironment):
             raise ClusterConfigError(f"cluster.main_port={main_port} is not a port number (1-65535)")
         self._main_port = require_port("MASTER_PORT") if "MASTER_PORT" in os.environ else main_port
         self.address_timeout = address_timeout
-        self.timeout = timeout
+        self.join_timeout = join_timeout
         self._roll_call_store: TCPStore | None = None
         self._global_rank = 0
         self._world_size = 1
@@ -152,5 +152,5 @@ class NodeLevelEnvironment(ClusterEnvironment):
         # Kept open until the process group forms: on node 0 it is the store torch then reuses.
         self._roll_call_store = roll_call(
             self.main_address, self.main_port, self._node_rank, self._num_nodes, num_devices,
-            self.node_rank_variable, self.timeout,
+            self.node_rank_variable, self.join_timeout,
         )  # fmt: skip

@@ -99,9 +99,9 @@ def detect_platform(settings: ClusterSettings | None = None, trainer_num_nodes: 
                 "both SING variables (SING_RANK, SING_WORLD_SIZE) and POD variables (RANK, WORLD_SIZE) are set:"
                 " unset the ones of the platform this job does not run on"
             )
-        return platform_of(SINGEnvironment(settings.main_port, settings.address_timeout, settings.timeout))
+        return platform_of(SINGEnvironment(settings.main_port, settings.address_timeout, settings.join_timeout))
     if PODEnvironment.detect():
-        return platform_of(PODEnvironment(settings.main_port, settings.address_timeout, settings.timeout))
+        return platform_of(PODEnvironment(settings.main_port, settings.address_timeout, settings.join_timeout))
     if "NODE_RANK" in os.environ and (MANUAL_NUM_NODES in os.environ or not started_by_lightning):
         return _lightnings_manual_launch(trainer_num_nodes)
     if "WORLD_SIZE" in os.environ and not started_by_lightning:
@@ -128,7 +128,7 @@ def _environment_class(class_path: str) -> type[ClusterEnvironment]:
 def _build(environment: type[ClusterEnvironment], settings: ClusterSettings) -> ClusterEnvironment:
     """A platform that starts one process per node gets the cluster settings, as SING and POD do."""
     if issubclass(environment, NodeLevelEnvironment):
-        return environment(settings.main_port, settings.address_timeout, settings.timeout)
+        return environment(settings.main_port, settings.address_timeout, settings.join_timeout)
     return environment()
 
 

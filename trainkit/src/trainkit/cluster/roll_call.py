@@ -72,10 +72,14 @@ def _open_store(address: str, port: int, is_main: bool, timeout: timedelta) -> T
     try:
         return TCPStore(address, port, is_master=False, timeout=timeout, wait_for_workers=False)
     except DistNetworkError:
-        raise NodesDidNotArrive(
-            f"could not reach the main node at {address}:{port} within {timeout}: node 0 did not arrive,"
-            " or this node cannot reach that address"
-        ) from None
+        raise main_node_unreachable(address, port, timeout) from None
+
+
+def main_node_unreachable(address: str, port: int, timeout: timedelta) -> NodesDidNotArrive:
+    return NodesDidNotArrive(
+        f"could not reach the main node at {address}:{port} within {timeout} (cluster.join_timeout): node 0 did not"
+        " arrive, or this node cannot reach that address"
+    )
 
 
 def _wait_for_every_node(store: TCPStore, num_nodes: int, address: str, port: int, timeout: timedelta) -> list[Answer]:
@@ -87,9 +91,9 @@ def _wait_for_every_node(store: TCPStore, num_nodes: int, address: str, port: in
         if time.monotonic() > deadline:
             missing = [str(rank) for rank, key in enumerate(keys) if not store.check([key])]
             raise NodesDidNotArrive(
-                f"only {num_nodes - len(missing)} of {num_nodes} nodes joined at {address}:{port} within {timeout}:"
-                f" node {', '.join(missing)} did not arrive. Check that every node was started and can reach"
-                " that address."
+                f"only {num_nodes - len(missing)} of {num_nodes} nodes joined at {address}:{port} within {timeout}"
+                f" (cluster.join_timeout): node {', '.join(missing)} did not arrive. Check that every node was started"
+                " and can reach that address."
             )
         time.sleep(POLL_SECONDS)
     return [Answer(**json.loads(store.get(key))) for key in keys]

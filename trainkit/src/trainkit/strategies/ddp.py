@@ -1,18 +1,35 @@
-"""Lightning's DDP, with the processes watched while the job prepares its data.
+"""Lightning's DDP, with the job's start bounded on its own and its processes watched while it prepares data.
 
-Lightning waits around `prepare_data` without a timeout; until the first barrier after it, each
-process sends signs of life instead, so that a node that froze there ends the job with 75 and a
-line naming it (run/preparing.py). The command line registers this class as the "ddp" strategy,
-which "auto" picks for several processes.
+Every process checks in before the process group forms, for as long as `cluster.join_timeout`
+(cluster/arrival.py), so that `cluster.timeout` bounds only collectives. Lightning waits around
+`prepare_data` without a timeout; until the first barrier after it, each process sends signs of
+life instead, so that a node that froze there ends the job with 75 and a line naming it
+(run/preparing.py). The command line registers this class as the "ddp" strategy, which "auto"
+picks for several processes.
 """
+
+from datetime import timedelta
+from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy
 
+from trainkit.cluster.arrival import wait_for_the_job
+from trainkit.cluster.settings import ClusterSettings
 from trainkit.run.preparing import at_barrier, watch_preparation
 
 
 class WatchedDDPStrategy(DDPStrategy):
-    """DDPStrategy (same arguments), whose processes send signs of life until the job's data are prepared."""
+    """DDPStrategy (same arguments, and `join_timeout`: how long the processes wait for each other to form the job),
+    whose processes send signs of life until the job's data are prepared."""
+
+    def __init__(self, *args: Any, join_timeout: timedelta = ClusterSettings.join_timeout, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.join_timeout = join_timeout
+
+    def setup_distributed(self) -> None:
+        self.set_world_ranks()
+        self._arrival_store = wait_for_the_job(self, self.join_timeout)  # open until the group has formed
+        super().setup_distributed()
 
     def setup_environment(self) -> None:
         super().setup_environment()

@@ -44,6 +44,8 @@ from trainkit.checkpoints.io import CheckpointNotWritten, os_error_behind
 from trainkit.checkpoints.saving import CheckpointSavingSettings, SaveTimes
 from trainkit.checkpoints.sharded_format import META_FILE, commit, sharded_damage
 from trainkit.checkpoints.stored import CheckpointNotStored, StoredCheckpointIO
+from trainkit.cluster.arrival import wait_for_the_job
+from trainkit.cluster.settings import ClusterSettings
 from trainkit.run.errors import ConfigError
 from trainkit.run.preparing import at_barrier, watch_preparation
 
@@ -59,19 +61,28 @@ class ShardedStrategy(ModelParallelStrategy):
             only the data-parallel way (FSDP2).
         timeout: how long a process waits for the others in a collective; the command line sets it
             from `cluster.timeout`.
+        join_timeout: how long the processes wait for each other to form the job; the command line sets
+            it from `cluster.join_timeout`.
     """
 
-    def __init__(self, tensor_parallel_size: int = 1, timeout: timedelta = timedelta(minutes=5)) -> None:
+    def __init__(
+        self,
+        tensor_parallel_size: int = 1,
+        timeout: timedelta = ClusterSettings.timeout,
+        join_timeout: timedelta = ClusterSettings.join_timeout,
+    ) -> None:
         super().__init__(data_parallel_size="auto", tensor_parallel_size=tensor_parallel_size, timeout=timeout)
+        self.join_timeout = join_timeout
         self.saving = CheckpointSavingSettings()
         self._times = SaveTimes()
         self._checkpoint_group: dist.ProcessGroup | None = None
         self._in_flight: tuple[Path, Future, threading.Thread | None] | None = None
         self._failure: str | None = None  # why the save in flight failed, on the first process
 
-    def use(self, timeout: timedelta, saving: CheckpointSavingSettings) -> None:
+    def use(self, cluster: ClusterSettings, saving: CheckpointSavingSettings) -> None:
         """The settings of the command line's `cluster:` and `checkpoint_saving:` sections."""
-        self._timeout = timeout
+        self._timeout = cluster.timeout
+        self.join_timeout = cluster.join_timeout
         self.saving = saving
         self._times = SaveTimes(saving.grace_seconds)
 
@@ -89,6 +100,11 @@ class ShardedStrategy(ModelParallelStrategy):
             # Background saves talk over a group of their own: on the training's group their messages
             # would cross FSDP's. gloo, since torch saves from CPU memory; cluster.timeout, not gloo's 30 minutes.
             self._checkpoint_group = dist.new_group(backend="gloo", timeout=self._timeout)
+
+    def _setup_distributed(self) -> None:
+        self.set_world_ranks()
+        self._arrival_store = wait_for_the_job(self, self.join_timeout)  # open until the group has formed
+        super()._setup_distributed()
 
     def barrier(self, name: str | None = None) -> None:
         at_barrier(name)  # the first after prepare_data ends the watch (run/preparing.py)
