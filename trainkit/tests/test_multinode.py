@@ -159,7 +159,7 @@ def test_nodes_that_start_further_apart_than_the_timeout_still_form_one_job(plat
     not the collectives' `cluster.timeout`. On POD, node 0 waits in the roll call for node 1 (the container test
     has a node wait for DNS); under Lightning's manual launch, node 0's processes wait for node 1's at check-in."""
     port = free_port()
-    command = [*node_level_command(experiment, tmp_path), "--cluster.timeout", "0:00:05"]
+    command = [*node_level_command(experiment, tmp_path), "--cluster.timeout", "0:00:10"]
     lightning = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
     envs = (
         node_envs("POD", port)
@@ -167,7 +167,7 @@ def test_nodes_that_start_further_apart_than_the_timeout_still_form_one_job(plat
         else [clean_env(**lightning, NODE_RANK=str(rank)) for rank in (0, 1)]
     )
     node0 = start_node(command, envs[0], tmp_path / "logs" / "node0.log")
-    time.sleep(12)
+    time.sleep(15)
     node1 = start_node(command, envs[1], tmp_path / "logs" / "node1.log")
     wait_for_job([node0, node1], tmp_path / "logs")
     assert_one_job(tmp_path / "reports", num_nodes=2)
