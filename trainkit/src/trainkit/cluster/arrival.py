@@ -61,8 +61,10 @@ def wait_for_every_process(
 
 
 def wait_for_the_job(strategy: ParallelStrategy, timeout: timedelta) -> TCPStore | None:
-    """`wait_for_every_process` for a strategy about to form its process group (ranks set); None when
-    there is nothing to wait for: one process, or a group formed already (an earlier fit in this process)."""
+    """`wait_for_every_process` for a strategy about to form its process group; None when there is nothing
+    to wait for: one process, or a group formed already (an earlier fit in this process). Keep the store
+    while the strategy lives: on global rank 0 it serves the store the group reuses."""
+    strategy.set_world_ranks()  # as the strategy's own set-up does next; it needs them here first
     if strategy.world_size == 1 or dist.is_initialized():
         return None
     environment = strategy.cluster_environment

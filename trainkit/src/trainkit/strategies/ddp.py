@@ -27,8 +27,7 @@ class WatchedDDPStrategy(DDPStrategy):
         self.join_timeout = join_timeout
 
     def setup_distributed(self) -> None:
-        self.set_world_ranks()
-        self._arrival_store = wait_for_the_job(self, self.join_timeout)  # open until the group has formed
+        self._arrival_store = wait_for_the_job(self, self.join_timeout)
         super().setup_distributed()
 
     def setup_environment(self) -> None:

@@ -102,8 +102,7 @@ class ShardedStrategy(ModelParallelStrategy):
             self._checkpoint_group = dist.new_group(backend="gloo", timeout=self._timeout)
 
     def _setup_distributed(self) -> None:
-        self.set_world_ranks()
-        self._arrival_store = wait_for_the_job(self, self.join_timeout)  # open until the group has formed
+        self._arrival_store = wait_for_the_job(self, self.join_timeout)
         super()._setup_distributed()
 
     def barrier(self, name: str | None = None) -> None:
