@@ -91,6 +91,25 @@ def test_sigterm_to_every_process_of_the_job_still_saves_a_checkpoint(experiment
     assert load(run_dir / "checkpoints" / "preempted.ckpt")["global_step"] > 3
 
 
+def test_a_wandb_service_that_dies_mid_training_ends_only_the_logging(experiment, tmp_path):
+    # wandb logs through a service process of its own (wandb-core), which may die alone: the OOM killer, a crash, or a
+    # stop signal that reached it first. The step that was logging when it died, and every step after, trains on.
+    run_dir, marker, log = tmp_path / "run", tmp_path / "step-3", tmp_path / "train.log"
+    args = ["fit", *full_epochs_args(experiment, run_dir, epochs=1), "--trainer.log_every_n_steps", "1",
+            *paced(marker, at_step=3)]  # fmt: skip
+    job = start(args, clean_env(), log)
+    wait_for(marker, job, log)
+    services = [pid for pid in process_tree(job.pid) if Path(f"/proc/{pid}/comm").read_text().strip() == "wandb-core"]
+    assert services, "no wandb service to stop"
+    for pid in services:
+        os.kill(pid, signal.SIGKILL)
+    assert job.wait(timeout=120) == 0, log.read_text()[-4000:]
+    assert load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == STEPS_PER_EPOCH
+    lost = [line for line in log.read_text().splitlines() if "wandb's service" in line]
+    assert len(lost) == 1 and "logs nothing more" in lost[0], lost
+    assert "Traceback" not in log.read_text()
+
+
 def test_sigterm_during_the_sanity_check_ends_every_process_at_once_saving_nothing(experiment, tmp_path):
     run_dir, marker, log = tmp_path / "run", tmp_path / "sanity-check", tmp_path / "train.log"
     args = ["fit", *full_epochs_args(experiment, run_dir), "--trainer.devices", "2",

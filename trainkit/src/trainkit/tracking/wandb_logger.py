@@ -1,11 +1,13 @@
 """How the wandb logger runs: online when it can, offline otherwise, and the same run across restarts."""
 
 import base64
+import contextlib
 import json
 import os
 import secrets
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from netrc import NetrcParseError, netrc
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,11 +24,13 @@ if TYPE_CHECKING:
 
 
 class WandbLogger(lightning.pytorch.loggers.WandbLogger):
-    """Lightning's WandbLogger, except that a wandb server that fails never stops training.
+    """Lightning's WandbLogger, except that a wandb server or service that fails never stops training.
 
     wandb itself waits 90 s for a server to take a new run, then raises and the run ends; at the end it
     waits for every upload, however long. This logger says once what went wrong and how to upload the
-    run later (`wandb sync`), and trains on.
+    run later (`wandb sync`), and trains on. wandb also logs through a service process of its own
+    (wandb-core), which can end alone: killed for memory, or stopped by a signal that Slurm sends to
+    every process of a job. Each later call would raise; this logger says so once and logs nothing more.
 
     Args:
         init_timeout: Seconds to wait for the server to take the run; then it logs offline, same run id.
@@ -43,6 +47,7 @@ class WandbLogger(lightning.pytorch.loggers.WandbLogger):
             # finish_timeout_raises: how `finalize` learns that the uploads were cut short.
             waits = {"init_timeout": init_timeout, "finish_timeout": finish_timeout, "finish_timeout_raises": True}
             self._wandb_init["settings"] = waits
+        self._service_lost = False
 
     @property
     @rank_zero_experiment
@@ -62,7 +67,25 @@ class WandbLogger(lightning.pytorch.loggers.WandbLogger):
             return run
 
     @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if self._service_lost:
+            return
+        try:
+            super().log_metrics(metrics, step)
+        except ConnectionError as error:  # raised by every call once wandb-core has ended
+            self._service_lost = True
+            run_dir = Path(self.experiment.dir).parent
+            _leave_the_lost_service()
+            rank_zero_info(
+                f"wandb's service ended ({type(error).__name__}: {_first_line(error)}), so this run logs nothing"
+                f" more to wandb from step {step}. What it logged before is in {run_dir}; upload it with: wandb sync"
+                f" {run_dir}"
+            )
+
+    @rank_zero_only
     def finalize(self, status: str) -> None:
+        if self._service_lost:
+            return  # nothing can finish the run: wandb sync uploads what is on disk
         super().finalize(status)  # uploads checkpoints first when `log_model` asks for them
         if self._experiment is None:
             return
@@ -78,6 +101,14 @@ class WandbLogger(lightning.pytorch.loggers.WandbLogger):
                 f"wandb: {_server_url()} did not take all of this run within {run.settings.finish_timeout:g} s;"
                 f" the rest is kept in {run_dir}. Upload it later with: wandb sync {run_dir}"
             )
+
+
+def _leave_the_lost_service() -> None:
+    """Forget wandb's ended service, so that wandb no longer tries to reach it when Python exits (a traceback)."""
+    import wandb
+
+    with contextlib.suppress(ConnectionError):
+        wandb.teardown()  # it stops trying at exit first, then fails to reach the service
 
 
 def _server_url() -> str:
