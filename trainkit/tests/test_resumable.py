@@ -124,7 +124,10 @@ def test_loaders_with_an_order_of_their_own_are_left_as_they_are_in_one_line(loa
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("devices", "workers"), [(1, 0), (2, 0), (1, 2)], ids=["1-process", "2-processes", "1-process-2-workers"]
+    # One process is shown with workers, the harder case; without them the contract's drills show it.
+    ("devices", "workers"),
+    [(2, 0), (1, 2)],
+    ids=["2-processes", "1-process-2-workers"],
 )
 def test_sigterm_mid_epoch_then_the_same_command_trains_the_same_weights(devices, workers, experiment, tmp_path):
     """A data module returning `DataLoader(dataset, batch_size=8, shuffle=True)`, preempted and restarted.
