@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainkit.checkpoints.io import AtomicCheckpointIO
 from trainkit.checkpoints.resume import newer_from_store
 from trainkit.checkpoints.stored import StoredCheckpointIO, family, stored_name
 from trainkit.store.object_store import FsspecStore, StoreConflict, StoreError, open_store
@@ -344,6 +345,32 @@ def test_two_jobs_writing_one_location_cannot_cross(s3, tmp_path, monkeypatch):
     with pytest.raises(Exception, match=r"latest was moved by another job \(host .*, process \d+\): one job per"):
         first.wait()
     assert s3.pointer("crossed")["step"] == 2  # the second job's pointer stands
+
+
+def test_a_best_checkpoint_a_killed_run_did_not_store_is_stored_by_the_next_run(s3, tmp_path, monkeypatch):
+    # A run wrote best-epoch=0-step=18.ckpt and was killed while uploading it. No later save replaces a best
+    # checkpoint, and the run resumed on the same disk still names it as its best: it stores it at its first save,
+    # and the pointer stays on the newest checkpoint.
+    for name, value in s3.env().items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+    checkpoints = tmp_path / "job" / "checkpoints"
+    killed = StoredCheckpointIO(open_store(f"s3://{BUCKET}/backfill", timeout=5))
+    killed.save_checkpoint({"state_dict": {"weight": torch.ones(2)}, "global_step": 17}, checkpoints / "periodic.ckpt")
+    killed.wait()
+    AtomicCheckpointIO().save_checkpoint(
+        {"state_dict": {"weight": torch.full((2,), 18.0)}, "global_step": 18}, checkpoints / "best-epoch=0-step=18.ckpt"
+    )  # written, its upload never begun
+
+    resumed = StoredCheckpointIO(open_store(f"s3://{BUCKET}/backfill", timeout=5))
+    resumed.save_checkpoint({"state_dict": {"weight": torch.ones(2)}, "global_step": 19}, checkpoints / "periodic.ckpt")
+    resumed.wait()
+    assert s3.names("backfill") >= {"checkpoints/best-epoch=0-step=18.ckpt", "checkpoints/periodic-step=19.ckpt"}
+    assert s3.pointer("backfill")["step"] == 19
+    stored = tmp_path / "stored.ckpt"
+    s3.client().download_file(BUCKET, "backfill/checkpoints/best-epoch=0-step=18.ckpt", str(stored))
+    assert load(stored)["global_step"] == 18
+    assert not list(checkpoints.glob(".*")), "snapshots left behind"
 
 
 def test_resume_skips_a_damaged_or_vanished_stored_checkpoint_for_the_next_newest(s3, tmp_path, monkeypatch, caplog):

@@ -8,7 +8,8 @@ job writing to the same place makes one of them stop instead of both crossing. T
 are deleted: the store keeps the newest `keep` versions of each rolling checkpoint (periodic, last,
 preempted), the best ones Lightning keeps on disk, and always the one the pointer names. A job
 killed at any moment resumes from the previous complete checkpoint: an upload cut short is never
-visible, and the pointer never names one.
+visible, and the pointer never names one. A best checkpoint whose upload a kill cut short is stored by
+the next run on that disk, which still names it as its best.
 
 A sharded checkpoint (a directory, checkpoints/sharded_format.py) is stored as one object per file,
 checkpoints/<name>-step=<N>.ckpt/<file>, its commit marker last: a version whose upload was cut
@@ -16,6 +17,7 @@ short has no marker, is never resumed from, and is deleted at the next upload. T
 uploads every shard, since the sharded strategy writes them all to a directory it sees.
 """
 
+import functools
 import hashlib
 import json
 import logging
@@ -102,15 +104,11 @@ class StoredCheckpointIO(AtomicCheckpointIO):
             for left in path.parent.glob(".*.upload-*"):
                 _remove(left)
             self._snapshots_cleared = True
-        # A second name for this version of the file (of each file of a sharded checkpoint): the upload reads it
-        # even if the next save replaces `path`, or the sharded strategy removes the directory.
-        snapshot = path.with_name(f".{path.name}.upload-{uuid.uuid4().hex[:8]}")
-        if path.is_dir():
-            snapshot.mkdir()
-            for file in path.iterdir():
-                os.link(file, snapshot / file.name)
-        else:
-            os.link(path, snapshot)
+            # And a best checkpoint it wrote but did not store all of: no later save replaces it, and the resumed
+            # run still names it as its best.
+            for kept in sorted(path.parent.glob("*step=*.ckpt")):
+                self._submit(functools.partial(self._store_unless_stored, _snapshot(kept), kept.name))
+        snapshot = _snapshot(path)
         self._submit(lambda: self._store(snapshot, path.name, step))
 
     def remove_checkpoint(self, path: str | Path) -> None:
@@ -172,6 +170,19 @@ class StoredCheckpointIO(AtomicCheckpointIO):
         self._move_pointer({**pointer, "directory": sharded, **_writer()})
         self.latest = self.store.where(name)
         self._prune(keep_also=name)
+
+    def _store_unless_stored(self, snapshot: Path, file: str) -> None:
+        """Store a checkpoint an earlier run of the job wrote, unless the store has all of it; the pointer stays on the
+        newest checkpoint."""
+        name = f"{FOLDER}/{file}"
+        try:
+            objects = stored_versions(self.store).get(name, [])
+            if snapshot.is_dir() and f"{name}/{COMMIT_MARKER}" not in objects:
+                self._upload_sharded(snapshot, name)
+            elif not snapshot.is_dir() and name not in objects:
+                self._upload_file(snapshot, name)
+        finally:
+            _remove(snapshot)
 
     def _upload_file(self, snapshot: Path, name: str) -> tuple[int, str]:
         """Store one file as `name`; its size and hash."""
@@ -288,6 +299,19 @@ def keep_run_id_in_store(store: ObjectStore, checkpoints: Path) -> str:
         replacement.write_text(kept)
         os.replace(replacement, id_file)
     return kept
+
+
+def _snapshot(path: Path) -> Path:
+    """A second name for this version of a checkpoint file (of each file of a sharded one): its upload reads that, even
+    if the next save replaces `path`, or the sharded strategy removes the directory."""
+    snapshot = path.with_name(f".{path.name}.upload-{uuid.uuid4().hex[:8]}")
+    if path.is_dir():
+        snapshot.mkdir()
+        for file in path.iterdir():
+            os.link(file, snapshot / file.name)
+    else:
+        os.link(path, snapshot)
+    return snapshot
 
 
 def _remove(path: Path) -> None:
