@@ -77,7 +77,7 @@ def test_unknown_option_is_refused_with_its_name(experiment, tmp_path):
 
 def test_wrong_cluster_variable_stops_before_training(experiment, tmp_path):
     env = clean_env(SING_RANK="3", SING_WORLD_SIZE="2", SING_MASTER_ADDR="127.0.0.1")
-    result = run_train("fit", *quick_run_args(experiment, tmp_path / "run"), env=env, timeout=60)
+    result = run_train("fit", *quick_run_args(experiment, tmp_path / "run"), env=env, timeout=180)
     assert result.returncode == 2
     assert "error: SING_RANK=3 is outside 0..1 (SING_WORLD_SIZE=2)" in result.stderr
     assert "Traceback" not in result.stderr

@@ -491,7 +491,7 @@ def test_processes_that_did_not_check_in_are_named_with_their_node():
     port = free_port()
     checking_in = [subprocess.Popen([sys.executable, "-c", CHECK_IN, str(port), str(rank), "4"], env=clean_env(),
                                     stdout=subprocess.PIPE, text=True) for rank in (0, 2)]  # fmt: skip
-    outcomes = [process.communicate(timeout=60)[0].strip() for process in checking_in]
+    outcomes = [process.communicate(timeout=180)[0].strip() for process in checking_in]
     assert outcomes[0].startswith(f"NodesDidNotArrive: only 2 of 4 processes joined at 127.0.0.1:{port}"), outcomes
     assert "within 0:00:02 (cluster.join_timeout): global rank 1, 3 of node 0, 1 did not arrive" in outcomes[0]
     assert outcomes[1].startswith("NodesDidNotArrive: "), outcomes  # the same line, or node 0 ended first
@@ -526,7 +526,7 @@ def test_cluster_module_prints_the_setup(variables, expected, code):
         env=clean_env(**variables),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
     )
     assert result.returncode == code
     assert expected in result.stdout + result.stderr

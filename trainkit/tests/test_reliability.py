@@ -235,7 +235,7 @@ sys.exit(75)  # as after naming the lost node
 def test_a_process_ending_after_a_lost_peer_is_not_ended_by_sigterm_before_it(case, status):
     """torchrun stops a node's other processes once one ended: those naming the lost node still end with 75."""
     result = subprocess.run([sys.executable, "-c", ENDING_ON_OWN_TERMS, case], env=clean_env(), capture_output=True,
-                            text=True, timeout=60, check=False)  # fmt: skip
+                            text=True, timeout=180, check=False)  # fmt: skip
     assert result.returncode == status, result.stderr
 
 
@@ -261,7 +261,7 @@ def test_a_started_process_that_lost_a_peer_leaves_the_first_process_time_to_nam
     """The node watch does not end the node's first process while it is ending with its own line, only
     when it has not begun to within the time it was given."""
     result = subprocess.run([sys.executable, "-c", NODE_WATCH, case], env=clean_env(), capture_output=True,
-                            text=True, timeout=60, check=False)  # fmt: skip
+                            text=True, timeout=180, check=False)  # fmt: skip
     assert result.returncode == 75, result.stderr
     if case == "notices":
         assert "named the lost node" in result.stdout and "it lost a peer" not in result.stderr, result.stderr

@@ -35,5 +35,5 @@ sys.exit(143)  # as after a checkpoint on SIGTERM, with the watch left running
 def test_a_watch_busy_in_the_store_does_not_abort_the_exit(watch):
     for _ in range(3):  # left running, the watch aborted all 3 exits
         script = EXITS_WITH_A_BUSY_WATCH.format(port=free_port(), watch=watch)
-        ended = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        ended = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
         assert ended.returncode == 143, ended.stderr[-2000:]

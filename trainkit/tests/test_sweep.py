@@ -254,7 +254,7 @@ def test_sigterm_to_the_sweep_stops_the_running_trial_and_the_sweep_with_143(tmp
         time.sleep(0.1)
     time.sleep(0.5)
     sweep.send_signal(signal.SIGTERM)  # to the sweep alone: it must pass it on
-    out = sweep.communicate(timeout=60)[0]
+    out = sweep.communicate(timeout=180)[0]
     assert sweep.returncode == PREEMPTED, out
     assert "failed (exit 143)" in out and "sweep stopped by SIGTERM" in out
     assert not (tmp_path / "runs" / "1").exists(), "no trial starts after the signal"

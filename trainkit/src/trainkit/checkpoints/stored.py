@@ -107,7 +107,12 @@ class StoredCheckpointIO(AtomicCheckpointIO):
             # And a best checkpoint it wrote but did not store all of: no later save replaces it, and the resumed
             # run still names it as its best.
             for kept in sorted(path.parent.glob("*step=*.ckpt")):
-                self._submit(functools.partial(self._store_unless_stored, _snapshot(kept), kept.name))
+                if kept == path:
+                    continue
+                try:
+                    self._submit(functools.partial(self._store_unless_stored, _snapshot(kept), kept.name))
+                except FileNotFoundError:  # Lightning removed it meanwhile: no longer among the best
+                    continue
         snapshot = _snapshot(path)
         self._submit(lambda: self._store(snapshot, path.name, step))
 
