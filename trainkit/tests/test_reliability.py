@@ -89,6 +89,7 @@ def test_sigterm_to_every_process_of_the_job_still_saves_a_checkpoint(experiment
         os.kill(pid, signal.SIGTERM)
     assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
     assert load(run_dir / "checkpoints" / "preempted.ckpt")["global_step"] > 3
+    assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
 
 
 def test_a_wandb_service_that_dies_mid_training_ends_only_the_logging(experiment, tmp_path):

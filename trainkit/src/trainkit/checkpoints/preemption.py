@@ -4,6 +4,7 @@ A restarted job runs the same command again; `ckpt_path: last` in the config the
 the newest of `last.ckpt` and `preempted.ckpt` in the checkpoint directory.
 """
 
+import atexit
 import logging
 import time
 from typing import Any
@@ -21,6 +22,7 @@ from trainkit.checkpoints.io import CheckpointNotWritten
 from trainkit.checkpoints.saving import wait_for_checkpoints
 from trainkit.checkpoints.stored import CheckpointNotStored, StoredCheckpointIO
 from trainkit.run import stopping
+from trainkit.run.wandb_service import leave_wandb
 
 log = logging.getLogger(__package__)
 
@@ -73,9 +75,12 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         def quiet_wandb() -> None:
             # Slurm signals every process of a task, wandb's service too, which then ends; a later
-            # wandb call would fail the run before it stops and saves. It logs nothing more.
+            # wandb call would fail the run before it stops and saves. It logs nothing more, and wandb
+            # ends before its own exit hook (registered earlier, so run later) would reach the service.
             loggers = trainer.loggers
-            trainer.loggers = [DummyLogger() if isinstance(logger, WandbLogger) else logger for logger in loggers]
+            if any(isinstance(logger, WandbLogger) for logger in loggers):
+                trainer.loggers = [DummyLogger() if isinstance(logger, WandbLogger) else logger for logger in loggers]
+                atexit.register(leave_wandb)
 
         stopping.save_before_stopping(on_signal=quiet_wandb)
         # Lightning also broadcasts its handler's flag from rank 0 before every training step and

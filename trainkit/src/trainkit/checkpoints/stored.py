@@ -182,9 +182,10 @@ class StoredCheckpointIO(AtomicCheckpointIO):
         name = f"{FOLDER}/{file}"
         try:
             objects = stored_versions(self.store).get(name, [])
-            if snapshot.is_dir() and f"{name}/{COMMIT_MARKER}" not in objects:
-                self._upload_sharded(snapshot, name)
-            elif not snapshot.is_dir() and name not in objects:
+            if snapshot.is_dir():
+                if f"{name}/{COMMIT_MARKER}" not in objects:
+                    self._upload_sharded(snapshot, name)
+            elif name not in objects:
                 self._upload_file(snapshot, name)
         finally:
             _remove(snapshot)

@@ -1,7 +1,6 @@
 """How the wandb logger runs: online when it can, offline otherwise, and the same run across restarts."""
 
 import base64
-import contextlib
 import json
 import os
 import secrets
@@ -17,6 +16,8 @@ import lightning.pytorch.loggers
 from jsonargparse import Namespace
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
+from trainkit.run.wandb_service import leave_wandb
 
 if TYPE_CHECKING:
     from wandb.sdk.lib import RunDisabled
@@ -75,7 +76,7 @@ class WandbLogger(lightning.pytorch.loggers.WandbLogger):
         except ConnectionError as error:  # raised by every call once wandb-core has ended
             self._service_lost = True
             run_dir = Path(self.experiment.dir).parent
-            _leave_the_lost_service()
+            leave_wandb()
             rank_zero_info(
                 f"wandb's service ended ({type(error).__name__}: {_first_line(error)}), so this run logs nothing"
                 f" more to wandb from step {step}. What it logged before is in {run_dir}; upload it with: wandb sync"
@@ -101,14 +102,6 @@ class WandbLogger(lightning.pytorch.loggers.WandbLogger):
                 f"wandb: {_server_url()} did not take all of this run within {run.settings.finish_timeout:g} s;"
                 f" the rest is kept in {run_dir}. Upload it later with: wandb sync {run_dir}"
             )
-
-
-def _leave_the_lost_service() -> None:
-    """Forget wandb's ended service, so that wandb no longer tries to reach it when Python exits (a traceback)."""
-    import wandb
-
-    with contextlib.suppress(ConnectionError):
-        wandb.teardown()  # it stops trying at exit first, then fails to reach the service
 
 
 def _server_url() -> str:
