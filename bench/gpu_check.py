@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import IO
 
 import torch
+
 from benchmark import TARGETS, Case, Runner, free_port, measured_env, prepare, project_parser
 from gpu_probe import record_path
 
@@ -573,12 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out.resolve()
     accelerator = "cpu" if args.dry_run else "gpu"
     started = time.monotonic()
-    for earlier in (
-        "logs",
-        "records",
-        "runs",
-        "throughput",
-    ):  # an earlier check's; a project given with --project stays
+    # What an earlier check left; a project given with --project stays.
+    for earlier in ("logs", "records", "runs", "throughput"):
         shutil.rmtree(args.out / earlier, ignore_errors=True)
     for directory in ("logs", "records"):
         (args.out / directory).mkdir(parents=True)

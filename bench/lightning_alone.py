@@ -39,7 +39,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def with_init_args(config: dict) -> partial:
-    """A `{class_path, init_args}` config (the optimizer's, the scheduler's) as the callable LightningCLI makes of it."""
+    """A `{class_path, init_args}` config (the optimizer's, the scheduler's) as the callable LightningCLI makes."""
     module, name = config["class_path"].rsplit(".", 1)
     return partial(getattr(importlib.import_module(module), name), **config.get("init_args", {}))
 

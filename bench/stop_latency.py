@@ -107,9 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
     for state, samples in results.items():
         median = {key: statistics.median(sample[key] for sample in samples) for key in samples[0]}
         slowest = max(sample["total_s"] for sample in samples)
-        print(
-            f"{state:8} {median['to_saved_s']:9.2f} {median['saved_to_exit_s']:14.2f} {median['total_s']:7.2f} {slowest:8.2f}"
-        )
+        to_saved, saved_to_exit, total = median["to_saved_s"], median["saved_to_exit_s"], median["total_s"]
+        print(f"{state:8} {to_saved:9.2f} {saved_to_exit:14.2f} {total:7.2f} {slowest:8.2f}")
     return results
 
 

@@ -1,4 +1,4 @@
-"""Step timing shared by the template run (`step_timer.py`, `interleaved.py`) and the plain PyTorch loop (`reference.py`).
+"""Step timing shared by the template's run (`step_timer.py`, `interleaved.py`) and the plain loop (`reference.py`).
 
 Every side calls `StepClock.tick(epoch, images)` right after each optimizer step and writes the
 same JSON, so the sides are timed over exactly the same window:

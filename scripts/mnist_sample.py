@@ -32,7 +32,7 @@ def read_verified(name: str) -> bytes:
 
 def idx_items(data: bytes) -> tuple[list[int], bytes]:
     """The dimensions and the raw items of an IDX file (unsigned bytes)."""
-    _, _, dtype, ndim = struct.unpack(">BBBB", data[:4])
+    _, _, _, ndim = struct.unpack(">BBBB", data[:4])  # zero, zero, item type, dimensions
     dims = list(struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim]))
     return dims, data[4 + 4 * ndim :]
 
@@ -43,7 +43,7 @@ def idx_file(dims: list[int], items: bytes) -> bytes:
 
 def write_split(out: Path, train: int) -> None:
     image_dims, images = idx_items(read_verified(IMAGES))
-    label_dims, labels = idx_items(read_verified(LABELS))
+    _, labels = idx_items(read_verified(LABELS))
     total, image_size = image_dims[0], image_dims[1] * image_dims[2]
     if not 0 < train < total:
         sys.exit(f"error: --train must be between 1 and {total - 1}, got {train}")

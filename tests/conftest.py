@@ -19,7 +19,7 @@ ANSWER_SETS = {
         "project_name": 'Jo\'s "Quoted" \\ Net',
         "package_name": "quoted_net",
         "description": 'Says "hi" \\ and \'bye\'; """ ends here',
-        "author_name": "O'Brien \"Bob\" \\",
+        "author_name": 'O\'Brien "Bob" \\',
         "python_version": "3.12",
         "license": "Apache-2.0",
         "wandb_entity": "my-team",

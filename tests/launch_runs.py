@@ -55,7 +55,11 @@ def quick_cpu_run(data: Path, out: Path) -> list[str]:
 
 
 # What the kit sets in every process for NCCL's watchdog and flight recorder (trainkit/run/nccl.py).
-NCCL_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+NCCL_DEFAULTS = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    "TORCH_FR_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
 
 
 def rank_reports(out: Path) -> list[dict]:
@@ -81,7 +85,8 @@ def assert_one_process_group(out: Path, world: int, processes_per_node: int, log
 
 
 # The sharded strategy on the tests' tiny model, as its author would make it ready for sharding.
-SHARDED = ["--config", "configs/strategy/fsdp.yaml", "--model.class_path", "trainkit.testing.tiny.TinyShardedClassifier"]
+SHARDED = ["--config", "configs/strategy/fsdp.yaml",
+           "--model.class_path", "trainkit.testing.tiny.TinyShardedClassifier"]  # fmt: skip
 
 
 def assert_one_sharded_job(out: Path, world: int, processes_per_node: int, log: str = "") -> None:

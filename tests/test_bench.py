@@ -11,10 +11,11 @@ from .conftest import TEMPLATE
 
 sys.path.insert(0, str(TEMPLATE / "bench"))
 
-import benchmark  # noqa: E402
-import checkpoint_store  # noqa: E402
-import step_parts  # noqa: E402
-import stop_latency  # noqa: E402
+import checkpoint_store
+import step_parts
+import stop_latency
+
+import benchmark
 
 COMPARISON_FIGURES = (
     "template_images_per_s",

@@ -160,8 +160,8 @@ def test_podman_stop_preempts_and_the_same_containers_resume(project_image, cont
     network = containers.network("preempt")
     planned = 30
     paced = ["--trainer.limit_train_batches", "1.0", "--trainer.max_steps", str(planned),
-             "--trainer.callbacks+=trainkit.testing.pacing.PaceSteps", "--trainer.callbacks.marker", str(RUNS / "step-3"),
-             "--trainer.callbacks.at_step", "3"]  # fmt: skip
+             "--trainer.callbacks+=trainkit.testing.pacing.PaceSteps",
+             "--trainer.callbacks.marker", str(RUNS / "step-3"), "--trainer.callbacks.at_step", "3"]  # fmt: skip
     nodes = [start_node(containers, project_image, "SING", rank, network, runs, mnist, *paced) for rank in (0, 1)]
     wait_for_file(runs / "step-3", lambda: True, lambda: containers.logs(nodes[0]))
 
@@ -239,8 +239,8 @@ def test_new_containers_with_no_run_volume_resume_from_the_bucket(project_image,
     planned = 20
     command = ["--trainer.default_root_dir", str(on_disk), "--checkpoint_store.url", f"s3://{BUCKET}/job",
                "--trainer.limit_train_batches", "1.0", "--trainer.max_steps", str(planned),
-               "--trainer.callbacks+=trainkit.testing.pacing.PaceSteps", "--trainer.callbacks.marker", str(out_at / "step-3"),
-               "--trainer.callbacks.at_step", "3"]  # fmt: skip
+               "--trainer.callbacks+=trainkit.testing.pacing.PaceSteps",
+               "--trainer.callbacks.marker", str(out_at / "step-3"), "--trainer.callbacks.at_step", "3"]  # fmt: skip
 
     def start(rank: int, name: str) -> str:
         return start_node(containers, project_image, "SING", rank, network, out, mnist, *command, env=aws,

@@ -183,7 +183,8 @@ def start_batch_script(project: Path, tmp_path: Path, cwd: Path | None = None, *
     bin_dir, calls = fake_slurm(tmp_path)
     env = {name: value for name, value in os.environ.items() if name != "MAX_REQUEUES"}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", FAKE_LOG=str(calls), SLURM_JOB_ID=JOB_ID,
-               SLURM_RESTART_COUNT="0", SLURM_JOB_NUM_NODES="1", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="n1")  # fmt: skip
+               SLURM_RESTART_COUNT="0", SLURM_JOB_NUM_NODES="1", SLURM_NTASKS_PER_NODE="2",
+               SLURM_JOB_NODELIST="n1")  # fmt: skip
     env.update(variables)
     return subprocess.Popen(
         ["bash", str(project / "launch" / "slurm" / "train.sbatch"), "--trainer.max_epochs", "1"],

@@ -13,7 +13,7 @@ from .conftest import TEMPLATE
 
 sys.path.insert(0, str(TEMPLATE / "bench"))
 
-import gpu_check  # noqa: E402
+import gpu_check
 
 EXPECTED = {
     "install": "PASS",

@@ -46,7 +46,9 @@ def test_bad_answer_is_refused_before_anything_is_written(tmp_path, answers, mes
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("key", "value"), [("license", "WTFPL"), ("python_version", "2.7"), ("github_actions", "maybe")])
+@pytest.mark.parametrize(
+    ("key", "value"), [("license", "WTFPL"), ("python_version", "2.7"), ("github_actions", "maybe")]
+)
 def test_unknown_choice_is_refused_naming_it(tmp_path, key, value):
     # cookiecutter checks choices itself before the hook runs (the hook checks them again for
     # older cookiecutters); either way the last line names the answer and nothing is written.

@@ -27,8 +27,9 @@ from pathlib import Path
 import pytest
 import torch
 from litdata import StreamingDataset
-from mnist_sample import IMAGES, LABELS, idx_items, read_verified  # scripts/, on the path from conftest.py
 from PIL import Image
+
+from mnist_sample import IMAGES, LABELS, idx_items, read_verified  # scripts/, on the path from conftest.py
 
 from .launch_runs import launch_environment
 
@@ -285,8 +286,8 @@ def test_the_projects_tests_pass_once_the_example_is_deleted(cookies_session, im
 
     # Step 5 too: the contract's `prepare` gives a sample of the researcher's images instead of fake digits.
     your_code = project / "tests" / "test_your_code.py"
-    text = re.sub(r"\n    # The example's digits.*?\n\n\n", PREPARE_OWN_SAMPLE.format(root=image_folder), your_code.read_text(),
-                  flags=re.DOTALL)  # fmt: skip
+    own_sample = PREPARE_OWN_SAMPLE.format(root=image_folder)
+    text = re.sub(r"\n    # The example's digits.*?\n\n\n", own_sample, your_code.read_text(), flags=re.DOTALL)
     your_code.write_text(text.replace("from .example.fake_mnist import write_fake_mnist\n", ""))
 
     def project_tests(*args: str, counted: str = "passed") -> int:

@@ -52,9 +52,9 @@ def test_make_it_yours_for_a_language_model_leaves_every_test_passing(cookies_se
 
     experiment = project / "configs" / "experiment.yaml"  # step 4
     text = experiment.read_text()
-    for example, own in [("model/image_classifier.yaml", "model/char_lm.yaml"), ("data/mnist.yaml", "data/text_files.yaml"),
-                         ("runs/experiment", "runs/char_lm"), ("monitor: val/acc", "monitor: val/loss"),
-                         ("mode: max", "mode: min")]:  # fmt: skip
+    for example, own in [("model/image_classifier.yaml", "model/char_lm.yaml"),
+                         ("data/mnist.yaml", "data/text_files.yaml"), ("runs/experiment", "runs/char_lm"),
+                         ("monitor: val/acc", "monitor: val/loss"), ("mode: max", "mode: min")]:  # fmt: skip
         assert example in text, f"the README's step 4 names {example}, which configs/experiment.yaml does not have"
         text = text.replace(example, own)
     experiment.write_text(text)
@@ -74,7 +74,9 @@ def test_make_it_yours_for_a_language_model_leaves_every_test_passing(cookies_se
              "--trainer.limit_val_batches", "2", "--trainer.limit_predict_batches", "2",
              "--trainer.logger", "false"]  # fmt: skip
     project_command(project, "train.py", "fit", "--config", "configs/experiment.yaml", *quick)
-    project_command(project, "train.py", "predict", "--config", "configs/experiment.yaml", *quick, "--ckpt_path", "last")
+    project_command(
+        project, "train.py", "predict", "--config", "configs/experiment.yaml", *quick, "--ckpt_path", "last"
+    )
     with (project / "runs" / "char_lm" / "predictions.csv").open() as file:
         rows = list(csv.DictReader(file))
     assert rows and list(rows[0]) == ["index", "next_characters"]
