@@ -11,11 +11,10 @@ from .conftest import TEMPLATE
 
 sys.path.insert(0, str(TEMPLATE / "bench"))
 
+import benchmark
 import checkpoint_store
 import step_parts
 import stop_latency
-
-import benchmark
 
 COMPARISON_FIGURES = (
     "template_images_per_s",
