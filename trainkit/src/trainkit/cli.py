@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainkit.checkpoints.best import BestCheckpointSettings, add_best_checkpoint
 from trainkit.checkpoints.disk import CheckCheckpointDisk, refuse_unwritable_checkpoint_dirs
+from trainkit.checkpoints.epoch_end import ResumeFinishedEpochs
 from trainkit.checkpoints.fit import RefuseCheckpointsThatDoNotFit
 from trainkit.checkpoints.io import AtomicCheckpointIO, CheckpointNotWritten
 from trainkit.checkpoints.path import (
@@ -155,6 +156,7 @@ class ProjectCLI(LightningCLI):
             LogProcessPlacement(platform.name),
             ExplainDistributedFailure(config.cluster.timeout),
             RefuseCheckpointsThatDoNotFit(),
+            ResumeFinishedEpochs(),  # Lightning resumes a checkpoint from just after an epoch's last batch wrongly
             CheckCheckpointDisk(),  # room for a checkpoint before training; a failed write ends the job
             CheckThisMachine(),  # a compiler for a compiled model, /dev/shm enough (run/machine.py)
             ResumableData(),  # ordinary DataLoaders resume exactly, mid-epoch too (data/resumable.py)

@@ -1,11 +1,14 @@
 """Test-only callbacks that slow a run down and say when it got somewhere, so a test can act at that moment."""
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, Trainer
+
+from trainkit.run import stopping
 
 
 class PaceSteps(Callback):
@@ -66,3 +69,19 @@ class HangAtStep(Callback):
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
         if trainer.global_rank == self.rank and trainer.global_step == self.at_step:
             time.sleep(24 * 3600)
+
+
+class SignalAtStep(Callback):
+    """Once step `at_step` is done, every process sends itself SIGTERM and waits until the kit has noted it: a
+    preemption that lands on that very step (an epoch's last, say), which a test's timing could not hit."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if trainer.global_step != self.at_step:
+            return
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while not stopping.stop_requested() and time.monotonic() < deadline:  # noted by a thread of its own
+            time.sleep(0.01)

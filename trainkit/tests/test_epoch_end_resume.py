@@ -1,0 +1,148 @@
+"""Killed around an epoch's end, a run resumes exactly: limited by epochs or by steps, with validation or without.
+
+Lightning resumes a checkpoint saved at an epoch's last batch, or at the epoch's end, in ways that depend on
+the run's limits (checkpoints/epoch_end.py). Each chain below kills a run at some moments in turn, as a hard
+kill would (nothing runs after it), resumes each time from the checkpoint `ckpt_path: last` picks, and
+compares what every step trained on, and the final weights, with a run that was never interrupted.
+"""
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from trainkit.checkpoints.epoch_end import ResumeFinishedEpochs
+from trainkit.checkpoints.periodic import PeriodicCheckpoint
+from trainkit.checkpoints.resume import newest_whole_checkpoint
+from trainkit.checkpoints.rng_state import RNGStateCheckpoint
+from trainkit.data.resumable import ResumableData
+from trainkit.testing.tiny import TinyClassifier, TinyDataModule
+from trainkit.testing.training_samples import recorded
+
+from .drills import load, whole_epochs
+from .helpers import quick_trainer_args, run_train
+
+EPOCHS, BATCHES = 3, 18  # 144 samples in batches of 8
+
+# Kills in turn, each a hook and the step done when the run is killed in it: before that hook's checkpoint
+# callbacks (Lightning calls them after the others), so one saved in that hook is not saved.
+CHAINS = {
+    "before-the-last-batchs-save-then-in-the-next-epoch": [("on_train_batch_end", 18), ("on_train_batch_end", 19)],
+    # Resumed from periodic.ckpt saved after the last batch's step, before last.ckpt: the way to 55 steps.
+    "before-the-epochs-last-ckpt-then-in-the-next-epoch": [("on_train_epoch_end", 18), ("on_train_batch_end", 20)],
+    # Resumed from last.ckpt, saved at the epoch's end.
+    "at-the-next-epochs-start-then-after-its-first-batch": [("on_train_epoch_start", 18), ("on_train_batch_end", 19)],
+    "before-the-next-epochs-first-batch-then-its-seventh": [("on_train_batch_start", 18), ("on_train_batch_start", 24)],
+    "after-the-next-epochs-first-batch-then-mid-epoch": [("on_train_batch_start", 19), ("on_train_batch_start", 25)],
+    "in-validation-then-after-it": [("on_validation_start", 18), ("on_validation_end", 36), ("on_train_batch_end", 37)],
+}
+LIMITS = {"by-epochs": {"max_epochs": EPOCHS}, "by-steps": {"max_epochs": -1, "max_steps": EPOCHS * BATCHES}}
+
+
+class Killed(BaseException):
+    """A hard kill: nothing of the run runs after it."""
+
+
+class KillAt(Callback):
+    def __init__(self, hook: str, step: int) -> None:
+        self.step = step
+        self.fired = False
+        setattr(self, hook, self._kill)
+
+    def _kill(self, trainer: Trainer, *args) -> None:
+        if trainer.global_step == self.step and not trainer.sanity_checking:
+            self.fired = True
+            raise Killed
+
+
+class RecordSteps(Callback):
+    """What each step trained on: the sums of its images, in batch order, and the learning rate."""
+
+    def __init__(self) -> None:
+        self.trained: dict[int, list[float]] = {}
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module, batch, batch_idx: int) -> None:
+        learning_rate = trainer.optimizers[0].param_groups[0]["lr"]
+        self.trained[trainer.global_step] = [*batch[0].flatten(1).sum(1).tolist(), learning_rate]
+
+
+def fit(run_dir: Path, limits: dict, validate: bool, kill: KillAt | None = None) -> tuple[Trainer, dict]:
+    """A fit in this process with the kit's checkpoints (periodic every step), resumed as `ckpt_path: last` would."""
+    seed_everything(0, verbose=False)
+    recorded = RecordSteps()
+    checkpoints = run_dir / "checkpoints"
+    callbacks = [
+        ModelCheckpoint(dirpath=checkpoints, filename="last", enable_version_counter=False),
+        PeriodicCheckpoint(every_n_steps=1, dirpath=str(checkpoints)),
+        ResumableData(),
+        RNGStateCheckpoint(),
+        recorded,
+        ResumeFinishedEpochs(),  # the command line adds it
+        *([kill] if kill else []),
+    ]
+    trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=callbacks, default_root_dir=run_dir, num_sanity_val_steps=0,
+                      limit_val_batches=2 if validate else 0, **limits)  # fmt: skip
+    data = TinyDataModule(train_size=BATCHES * 8, val_size=16, test_size=16, batch_size=8)
+    resume_from = newest_whole_checkpoint([checkpoints]) if checkpoints.is_dir() else None
+    with contextlib.suppress(Killed):
+        trainer.fit(TinyClassifier(), data, ckpt_path=resume_from)
+    return trainer, recorded.trained
+
+
+CASES = [
+    pytest.param(chain, limits, validate, id=f"{name}-{by}-{'validation' if validate else 'no-validation'}")
+    for name, chain in CHAINS.items()
+    for by, limits in LIMITS.items()
+    for validate in (True, False)
+    if validate or not any(hook.startswith("on_validation") for hook, _ in chain)
+]
+
+
+@pytest.mark.parametrize(("chain", "limits", "validate"), CASES)
+def test_a_run_killed_around_an_epochs_end_trains_what_an_uninterrupted_one_does(chain, limits, validate, tmp_path):
+    uninterrupted, expected = fit(tmp_path / "uninterrupted", limits, validate)
+    assert sorted(expected) == list(range(EPOCHS * BATCHES))
+
+    trained: dict[int, list[float]] = {}
+    for kill in [*(KillAt(*moment) for moment in chain), None]:
+        trainer, steps = fit(tmp_path / "killed", limits, validate, kill)
+        assert kill is None or kill.fired, f"the run was not killed {kill.step} steps in"
+        trained.update(steps)  # a step trained again after a resume replaces the lost one
+    assert trainer.global_step == EPOCHS * BATCHES, "the resumed run trained another number of steps"
+    assert trained == expected, "a resumed run trained on other samples, or at another learning rate"
+    for name, tensor in uninterrupted.lightning_module.state_dict().items():
+        assert torch.equal(tensor, trainer.lightning_module.state_dict()[name]), f"{name} differs after resuming"
+
+
+@pytest.mark.slow
+def test_a_sigterm_at_an_epochs_last_batch_then_the_same_command_trains_the_same_weights(experiment, tmp_path):
+    """Preempted just after the last batch of the first epoch (the preemption checkpoint is saved there), then
+    again in the second: the command run again trains, through train.py, what a run never stopped trains."""
+
+    def args(run: str, *extra: str) -> list[str]:
+        return ["fit", "--config", str(experiment), *quick_trainer_args(tmp_path / run), *whole_epochs(2),
+                "--data.train_size", str(BATCHES * 8), "--data.batch_size", "8",
+                "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples",
+                "--trainer.callbacks.out_dir", str(tmp_path / run / "samples"), *extra]  # fmt: skip
+
+    uninterrupted = run_train(*args("uninterrupted"))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
+    # Preempted again early in the next epoch: resumed from the first preemption, Lightning alone would count that
+    # epoch as not started yet, and the next resume would train its first batches twice.
+    for step in (BATCHES, BATCHES + 2):
+        preempted = run_train(*args("resumed", "--trainer.callbacks+=trainkit.testing.pacing.SignalAtStep",
+                                    "--trainer.callbacks.at_step", str(step)))  # fmt: skip
+        assert preempted.returncode == 143, preempted.stderr[-4000:]
+        assert load(tmp_path / "resumed" / "checkpoints" / "preempted.ckpt")["global_step"] == step
+
+    resumed = run_train(*args("resumed"))
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert recorded(tmp_path / "resumed" / "samples", 0) == recorded(tmp_path / "uninterrupted" / "samples", 0)
+    expected, actual = (load(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("uninterrupted", "resumed"))
+    assert actual["global_step"] == expected["global_step"] == 2 * BATCHES
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(tensor, actual["state_dict"][name]), f"{name} differs after resuming"
