@@ -3,7 +3,8 @@
 Lightning resumes a checkpoint saved at an epoch's last batch, or at the epoch's end, in ways that depend on
 the run's limits (checkpoints/epoch_end.py). Each chain below kills a run at some moments in turn, as a hard
 kill would (nothing runs after it), resumes each time from the checkpoint `ckpt_path: last` picks, and
-compares what every step trained on, and the final weights, with a run that was never interrupted.
+compares what every step trained on, and the final weights, with a run that was never interrupted: for the
+tests' tiny model and data module, and for Lightning's demo model with a shuffled loader of its own.
 """
 
 import contextlib
@@ -13,6 +14,8 @@ import pytest
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from torch.utils.data import DataLoader
 
 from trainkit.checkpoints.epoch_end import ResumeFinishedEpochs
 from trainkit.checkpoints.periodic import PeriodicCheckpoint
@@ -65,13 +68,30 @@ class RecordSteps(Callback):
         self.trained: dict[int, list[float]] = {}
 
     def on_train_batch_start(self, trainer: Trainer, pl_module, batch, batch_idx: int) -> None:
+        inputs = batch[0] if isinstance(batch, list | tuple) else batch
         learning_rate = trainer.optimizers[0].param_groups[0]["lr"]
-        self.trained[trainer.global_step] = [*batch[0].flatten(1).sum(1).tolist(), learning_rate]
+        self.trained[trainer.global_step] = [*inputs.flatten(1).sum(1).tolist(), learning_rate]
 
 
-def fit(run_dir: Path, limits: dict, validate: bool, kill: KillAt | None = None) -> tuple[Trainer, dict]:
+class OwnLoaders(BoringModel):
+    """Lightning's demo model, with a training loader of its own that shuffles, and no data module."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(RandomDataset(32, BATCHES * 8), batch_size=8, shuffle=True)
+
+
+MODELS = {
+    "tiny-data-module": lambda: (
+        TinyClassifier(),
+        TinyDataModule(BATCHES * 8, val_size=16, test_size=16, batch_size=8),
+    ),
+    "own-loaders": lambda: (OwnLoaders(), None),
+}
+
+
+def fit(run_dir: Path, model: str, limits: dict, validate: bool, kill: KillAt | None = None) -> tuple[Trainer, dict]:
     """A fit in this process with the kit's checkpoints (periodic every step), resumed as `ckpt_path: last` would."""
-    seed_everything(0, verbose=False)
+    seed_everything(0, verbose=False)  # the demo's data is drawn when its loader is made
     recorded = RecordSteps()
     checkpoints = run_dir / "checkpoints"
     callbacks = [
@@ -86,15 +106,15 @@ def fit(run_dir: Path, limits: dict, validate: bool, kill: KillAt | None = None)
     trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                       callbacks=callbacks, default_root_dir=run_dir, num_sanity_val_steps=0,
                       limit_val_batches=2 if validate else 0, **limits)  # fmt: skip
-    data = TinyDataModule(train_size=BATCHES * 8, val_size=16, test_size=16, batch_size=8)
     resume_from = newest_whole_checkpoint([checkpoints]) if checkpoints.is_dir() else None
     with contextlib.suppress(Killed):
-        trainer.fit(TinyClassifier(), data, ckpt_path=resume_from)
+        trainer.fit(*MODELS[model](), ckpt_path=resume_from)
     return trainer, recorded.trained
 
 
 CASES = [
-    pytest.param(chain, limits, validate, id=f"{name}-{by}-{'validation' if validate else 'no-validation'}")
+    pytest.param(model, chain, limits, validate, id=f"{model}-{name}-{by}-{'' if validate else 'no-'}validation")
+    for model in MODELS
     for name, chain in CHAINS.items()
     for by, limits in LIMITS.items()
     for validate in (True, False)
@@ -102,14 +122,15 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("chain", "limits", "validate"), CASES)
-def test_a_run_killed_around_an_epochs_end_trains_what_an_uninterrupted_one_does(chain, limits, validate, tmp_path):
-    uninterrupted, expected = fit(tmp_path / "uninterrupted", limits, validate)
+@pytest.mark.parametrize(("model", "chain", "limits", "validate"), CASES)
+def test_a_run_killed_around_an_epochs_end_trains_what_an_uninterrupted_one_does(model, chain, limits, validate,
+                                                                                 tmp_path):  # fmt: skip
+    uninterrupted, expected = fit(tmp_path / "uninterrupted", model, limits, validate)
     assert sorted(expected) == list(range(EPOCHS * BATCHES))
 
     trained: dict[int, list[float]] = {}
     for kill in [*(KillAt(*moment) for moment in chain), None]:
-        trainer, steps = fit(tmp_path / "killed", limits, validate, kill)
+        trainer, steps = fit(tmp_path / "killed", model, limits, validate, kill)
         assert kill is None or kill.fired, f"the run was not killed {kill.step} steps in"
         trained.update(steps)  # a step trained again after a resume replaces the lost one
     assert trainer.global_step == EPOCHS * BATCHES, "the resumed run trained another number of steps"
