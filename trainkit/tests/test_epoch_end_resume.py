@@ -26,7 +26,7 @@ from trainkit.testing.tiny import TinyClassifier, TinyDataModule
 from trainkit.testing.training_samples import recorded
 
 from .drills import load, whole_epochs
-from .helpers import quick_trainer_args, run_train
+from .helpers import PROJECT_ROOT, quick_trainer_args, run_train
 
 EPOCHS, BATCHES = 3, 18  # 144 samples in batches of 8
 
@@ -140,14 +140,24 @@ def test_a_run_killed_around_an_epochs_end_trains_what_an_uninterrupted_one_does
 
 
 @pytest.mark.slow
-def test_a_sigterm_at_an_epochs_last_batch_then_the_same_command_trains_the_same_weights(experiment, tmp_path):
+@pytest.mark.parametrize(("streamed", "by_steps"), [(False, False), (True, True)],
+                         ids=["in-memory-by-epochs", "streamed-by-steps"])  # fmt: skip
+def test_a_sigterm_at_an_epochs_last_batch_then_the_same_command_trains_the_same_weights(
+    streamed, by_steps, experiment, request, tmp_path
+):
     """Preempted just after the last batch of the first epoch (the preemption checkpoint is saved there), then
     again in the second: the command run again trains, through train.py, what a run never stopped trains."""
+    if streamed:  # the tiny data's 576 training images in batches of 32, read by 2 loader workers
+        chunks = request.getfixturevalue("tiny_chunks")
+        data = ["--data", str(PROJECT_ROOT / "configs" / "data" / "streaming_images.yaml"),
+                "--data.input_dir", str(chunks), "--data.batch_size", "32"]  # fmt: skip
+    else:
+        data = ["--data.train_size", str(BATCHES * 8), "--data.batch_size", "8"]
+    limit = ["--trainer.max_epochs", "-1", "--trainer.max_steps", str(2 * BATCHES)] if by_steps else []
 
     def args(run: str, *extra: str) -> list[str]:
-        return ["fit", "--config", str(experiment), *quick_trainer_args(tmp_path / run), *whole_epochs(2),
-                "--data.train_size", str(BATCHES * 8), "--data.batch_size", "8",
-                "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples",
+        return ["fit", "--config", str(experiment), *quick_trainer_args(tmp_path / run), *whole_epochs(2), *data,
+                *limit, "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples",
                 "--trainer.callbacks.out_dir", str(tmp_path / run / "samples"), *extra]  # fmt: skip
 
     uninterrupted = run_train(*args("uninterrupted"))
