@@ -6,8 +6,9 @@ gets two such points wrong, in ways that depend on the run's limit:
 - after the last batch's step (the periodic and preemption checkpoints, a ModelCheckpoint every N
   steps), resumed with `max_epochs`: the next epoch runs without being counted as started. A
   checkpoint saved in it reads as one saved after it, and the next run starts that epoch again at
-  its first batch: every batch before the interruption is trained twice (3 epochs of 18 batches
+  its first batch: the epoch's batches before the interruption are trained twice (3 epochs of 18 batches
   became 55 steps). Resumed with `max_steps`, the counts go wrong the same way one resume later.
+  (Lightning's issue 19815 reports the batch-end half of this.)
 - at the epoch's end (ModelCheckpoint's last.ckpt), resumed with `max_steps`: the epoch ends a second
   time and the next one is trained in another epoch's order.
 
