@@ -8,6 +8,7 @@ tests' tiny model and data module, and for Lightning's demo model with a shuffle
 """
 
 import contextlib
+import copy
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,14 @@ def test_a_run_killed_around_an_epochs_end_trains_what_an_uninterrupted_one_does
     assert trained == expected, "a resumed run trained on other samples, or at another learning rate"
     for name, tensor in uninterrupted.lightning_module.state_dict().items():
         assert torch.equal(tensor, trainer.lightning_module.state_dict()[name]), f"{name} differs after resuming"
+
+
+@pytest.mark.parametrize("checkpoint", [{"state_dict": {}}, {"loops": {"fit_loop": {"epoch_progress": {"total": {}}}}}],
+                         ids=["without-loops", "loops-of-another-layout"])  # fmt: skip
+def test_a_checkpoint_without_the_loops_it_knows_is_left_as_it_is(checkpoint):
+    as_saved = copy.deepcopy(checkpoint)
+    ResumeFinishedEpochs().on_load_checkpoint(Trainer(logger=False), TinyClassifier(), checkpoint)
+    assert checkpoint == as_saved
 
 
 @pytest.mark.slow

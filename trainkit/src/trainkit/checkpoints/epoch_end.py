@@ -33,7 +33,11 @@ class ResumeFinishedEpochs(Callback):
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         fit = checkpoint.get("loops", {}).get("fit_loop")
-        if fit is not None and misread_after_an_epochs_last_batch(fit):
+        try:
+            misread = fit is not None and misread_after_an_epochs_last_batch(fit)
+        except (KeyError, TypeError):
+            return  # loops saved in another layout (another Lightning release): Lightning reads them as they are
+        if misread:
             end_the_epoch(fit)
 
 
