@@ -93,14 +93,14 @@ MODELS = {
 def fit(run_dir: Path, model: str, limits: dict, validate: bool, kill: KillAt | None = None) -> tuple[Trainer, dict]:
     """A fit in this process with the kit's checkpoints (periodic every step), resumed as `ckpt_path: last` would."""
     seed_everything(0, verbose=False)  # the demo's data is drawn when its loader is made
-    recorded = RecordSteps()
+    record = RecordSteps()
     checkpoints = run_dir / "checkpoints"
     callbacks = [
         ModelCheckpoint(dirpath=checkpoints, filename="last", enable_version_counter=False),
         PeriodicCheckpoint(every_n_steps=1, dirpath=str(checkpoints)),
         ResumableData(),
         RNGStateCheckpoint(),
-        recorded,
+        record,
         ResumeFinishedEpochs(),  # the command line adds it
         *([kill] if kill else []),
     ]
@@ -110,7 +110,7 @@ def fit(run_dir: Path, model: str, limits: dict, validate: bool, kill: KillAt | 
     resume_from = newest_whole_checkpoint([checkpoints]) if checkpoints.is_dir() else None
     with contextlib.suppress(Killed):
         trainer.fit(*MODELS[model](), ckpt_path=resume_from)
-    return trainer, recorded.trained
+    return trainer, record.trained
 
 
 CASES = [
