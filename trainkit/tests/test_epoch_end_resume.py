@@ -9,6 +9,7 @@ tests' tiny model and data module, and for Lightning's demo model with a shuffle
 
 import contextlib
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -114,29 +115,47 @@ def fit(run_dir: Path, model: str, limits: dict, validate: bool, kill: KillAt | 
 
 
 CASES = [
-    pytest.param(model, chain, limits, validate, id=f"{model}-{name}-{by}-{'' if validate else 'no-'}validation")
+    pytest.param(model, chain, by, validate, id=f"{model}-{name}-{by}-{'' if validate else 'no-'}validation")
     for model in MODELS
     for name, chain in CHAINS.items()
-    for by, limits in LIMITS.items()
+    for by in LIMITS
     for validate in (True, False)
     if validate or not any(hook.startswith("on_validation") for hook, _ in chain)
 ]
 
+Uninterrupted = tuple[dict[int, list[float]], dict[str, torch.Tensor]]
 
-@pytest.mark.parametrize(("model", "chain", "limits", "validate"), CASES)
-def test_a_run_killed_around_an_epochs_end_trains_what_an_uninterrupted_one_does(model, chain, limits, validate,
-                                                                                 tmp_path):  # fmt: skip
-    uninterrupted, expected = fit(tmp_path / "uninterrupted", model, limits, validate)
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Callable[[str, str, bool], Uninterrupted]:
+    """The run never killed, of each model, limit and validation: what its steps trained on, its final weights.
+
+    Run once for all the chains that compare with it (a fit saves a checkpoint at every step)."""
+    runs: dict[tuple[str, str, bool], Uninterrupted] = {}
+
+    def run(model: str, by: str, validate: bool) -> Uninterrupted:
+        if (model, by, validate) not in runs:
+            trainer, trained = fit(tmp_path_factory.mktemp("uninterrupted"), model, LIMITS[by], validate)
+            runs[model, by, validate] = trained, trainer.lightning_module.state_dict()
+        return runs[model, by, validate]
+
+    return run
+
+
+@pytest.mark.parametrize(("model", "chain", "by", "validate"), CASES)
+def test_a_run_killed_around_an_epochs_end_trains_what_an_uninterrupted_one_does(model, chain, by, validate,
+                                                                                 uninterrupted, tmp_path):  # fmt: skip
+    expected, weights = uninterrupted(model, by, validate)
     assert sorted(expected) == list(range(EPOCHS * BATCHES))
 
     trained: dict[int, list[float]] = {}
     for kill in [*(KillAt(*moment) for moment in chain), None]:
-        trainer, steps = fit(tmp_path / "killed", model, limits, validate, kill)
+        trainer, steps = fit(tmp_path, model, LIMITS[by], validate, kill)
         assert kill is None or kill.fired, f"the run was not killed {kill.step} steps in"
         trained.update(steps)  # a step trained again after a resume replaces the lost one
     assert trainer.global_step == EPOCHS * BATCHES, "the resumed run trained another number of steps"
     assert trained == expected, "a resumed run trained on other samples, or at another learning rate"
-    for name, tensor in uninterrupted.lightning_module.state_dict().items():
+    for name, tensor in weights.items():
         assert torch.equal(tensor, trainer.lightning_module.state_dict()[name]), f"{name} differs after resuming"
 
 
