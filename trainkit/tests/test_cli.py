@@ -40,6 +40,22 @@ def test_train_py_turns_the_garbage_collector_back_on_with_the_imports_frozen():
     assert int(frozen) > 100_000  # torch's and Lightning's objects, never scanned again
 
 
+@pytest.mark.parametrize("rank", [None, "1"], ids=["rank-0", "rank-1"])
+def test_wandbs_launch_module_is_imported_before_torch_only_by_the_process_that_may_start_the_run(rank):
+    # wandb.init imports it; with torch loaded that takes 1 s, before it 0.25 s (tracking/wandb_preload.py).
+    probe = "import runpy; runpy.run_path('train.py')"
+    env = clean_env(**({"RANK": rank, "WORLD_SIZE": "2"} if rank else {}))
+    result = subprocess.run([sys.executable, "-X", "importtime", "-c", probe], cwd=PROJECT_ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported = [line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")]
+    assert "torch" in imported
+    if rank is None and sys.version_info < (3, 13):
+        assert imported.index("wandb.sdk.launch.inputs.internal") < imported.index("torch")
+    else:
+        assert "wandb.sdk.launch.inputs.internal" not in imported
+
+
 def test_test_subcommand_reports_accuracy_from_a_checkpoint(experiment, tmp_path):
     run_dir = tmp_path / "run"
     assert run_train("fit", *quick_run_args(experiment, run_dir)).returncode == 0

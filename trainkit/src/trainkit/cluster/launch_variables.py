@@ -51,6 +51,17 @@ def require_rank_and_size(rank_name: str, size_name: str) -> tuple[int, int]:
     return rank, size
 
 
+def rank_at_import() -> int:
+    """The rank Lightning takes this process for when it is imported: the first rank variable set, else 0.
+
+    Checked by `exit_on_bad_rank_variables` first. The cluster environment gives the true rank later.
+    """
+    for name in RANK_VARIABLES:
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
+
+
 def exit_on_bad_rank_variables() -> None:
     """End the process with one line (status 2) if a rank variable is set but is not a rank."""
     try:
