@@ -27,7 +27,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from trainkit.cli import ProjectCLI
 from trainkit.run.config_errors import OneLineErrorParser
-from trainkit.testing.runs import clean_env, exit_code, paced, run_train, start_train, wait_for
+from trainkit.testing.runs import clean_env, exit_code, paced, run_train, signal_at, start_train, wait_for
 from trainkit.tracking.predictions import PredictionWriter
 
 # How the kit's own lines begin: a monitored metric the model does not log (checkpoints/best.py), a training
@@ -136,7 +136,9 @@ class YourCodeContract:
 
     @pytest.mark.drills
     @pytest.mark.parametrize("processes", [1, 2], ids=["1 process", "2 processes"])
-    def test_sigterm_mid_epoch_then_the_same_command_trains_the_same_weights(self, tmp_path: Path, processes: int):
+    def test_sigterm_at_an_epochs_end_then_mid_epoch_then_the_same_command_trains_the_same_weights(
+        self, tmp_path: Path, processes: int
+    ):
         self.drill(tmp_path, "--trainer.devices", str(processes))
 
     @pytest.mark.drills
@@ -181,7 +183,9 @@ class YourCodeContract:
         return built.model, built.datamodule
 
     def drill(self, tmp_path: Path, *extra: str) -> None:
-        """SIGTERM in the middle of the second epoch, exit 143, then the same command: the uninterrupted weights."""
+        """SIGTERM at the first epoch's last step, then in the middle of the second epoch, each ending the run with
+        143, then the same command: the uninterrupted weights. A checkpoint of an epoch's last step is the one
+        Lightning alone resumes wrong (checkpoints/epoch_end.py); the second stop is sent as a platform sends it."""
         whole = self.fit(tmp_path / "uninterrupted", *extra)
         assert whole.returncode == 0, f"training: train.py fit ended with exit {whole.returncode}: {why(whole)}"
         processes = len(list((whole.dir / "ranks").glob("rank*.json")))
@@ -196,6 +200,13 @@ class YourCodeContract:
         run_dir, marker, log = tmp_path / "interrupted", tmp_path / "mid-epoch", tmp_path / "interrupted.log"
         at_step = steps_per_epoch + steps_per_epoch // 2  # in the middle of the second epoch
         command = ["fit", *self.quick(run_dir, *extra), *paced(marker, at_step)]
+        at_epoch_end = run_train(self.project, *command, *signal_at(steps_per_epoch), env=clean_env(), timeout=600)
+        stopped = Run(run_dir, at_epoch_end.returncode, at_epoch_end.stdout + at_epoch_end.stderr)
+        assert stopped.returncode == 143, (
+            f"preemption: SIGTERM at step {steps_per_epoch}, the first epoch's last, ended the run with exit"
+            f" {stopped.returncode}, not 143: {why(stopped)}"
+        )
+
         job = start_train(self.project, command, clean_env(), log)
         wait_for(marker, job, log, timeout=300)
         job.send_signal(signal.SIGTERM)  # as a platform stops a node: to its first process
@@ -206,10 +217,11 @@ class YourCodeContract:
         again = run_train(self.project, *command, env=clean_env(), timeout=600)
         rerun = Run(run_dir, again.returncode, again.stdout + again.stderr)
         assert rerun.returncode == 0, f"resume: the same command ended with exit {rerun.returncode}: {why(rerun)}"
-        said = said_lines(interrupted, EXACT_RESUME) + said_lines(rerun, EXACT_RESUME)
+        said = [line.removeprefix(EXACT_RESUME).strip() for run in (stopped, interrupted, rerun)
+                for line in said_lines(run, EXACT_RESUME)]  # fmt: skip
         assert rerun.weights() == whole.weights(), (
-            f"exact resume: after SIGTERM at step {at_step} and the same command again, the weights differ from an"
-            f" uninterrupted run's{'; ' + said[0].removeprefix(EXACT_RESUME).strip() if said else ''}"
+            f"exact resume: after SIGTERM at steps {steps_per_epoch} and {at_step} and the same command again, the"
+            f" weights differ from an uninterrupted run's{'; ' + said[0] if said else ''}"
         )
 
 

@@ -65,6 +65,11 @@ def paced(marker: Path, at_step: int) -> list[str]:
     ]  # fmt: skip
 
 
+def signal_at(step: int) -> list[str]:
+    """Every process sends itself SIGTERM once step `step` is done (pacing.SignalAtStep): a stop on that very step."""
+    return ["--trainer.callbacks+=trainkit.testing.pacing.SignalAtStep", "--trainer.callbacks.at_step", str(step)]
+
+
 def run_train(project: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
     """`python train.py ARGS` from the project's root, to its end: a CompletedProcess with its output."""
     return subprocess.run(
