@@ -14,6 +14,8 @@ import pytest
 import torch
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 
+from trainkit.run import stopping
+from trainkit.run.node_watch import POLL_SECONDS, StartedProcessesWatch
 from trainkit.testing.training_samples import recorded
 
 from .conftest import streaming_run_args
@@ -53,6 +55,21 @@ def test_lightnings_process_watcher_spares_the_node_once_its_processes_leave_the
     watcher = _ChildProcessObserver(main_pid=os.getpid(), child_processes=watched)
     watched.clear()
     assert watcher._run() and killed == []
+
+
+def test_the_kits_process_watcher_spares_a_node_that_is_ending_on_its_own(monkeypatch):
+    # SIGTERM before training: the first process passes it on and exits 143 once the processes it started have.
+    # They exit 143 first; Lightning's watcher would SIGKILL the first process for that (the node exits 137).
+    killed = []
+    monkeypatch.setattr(os, "kill", lambda pid, signum: killed.append(pid))
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(143)"])
+    child.wait()
+
+    monkeypatch.setattr(stopping, "_ending", True)
+    assert StartedProcessesWatch(os.getpid(), [child], POLL_SECONDS, notice_seconds=1)._run() and killed == []
+    monkeypatch.setattr(stopping, "_ending", False)
+    assert StartedProcessesWatch(os.getpid(), [child], POLL_SECONDS, notice_seconds=1)._run()
+    assert killed == [os.getpid()]  # not ending: a child that exited non-zero ends the node, as in Lightning
 
 
 def test_with_fast_steps_the_processes_agree_every_few_steps_and_still_stop_at_the_same_step(experiment, tmp_path):

@@ -5,6 +5,9 @@ exits non-zero: the platform then sees 137 and does not retry. When the one that
 (NCCL's watchdog, SIGABRT) or exited 75 (it lost a peer, run/diagnostics.py), the node ends the
 others and exits 75 itself, with one line saying so. Any other failure keeps Lightning's behaviour.
 
+While this process ends with a status of its own (a stop signal before training, a lost peer), the
+processes it started exit first, and the watch leaves them to it.
+
 A process that exited 75 lost peers of the whole job, and this one is losing them too: it is given
 until the job's timeout to notice, so that it names the lost node itself (on its own, a collective
 with a lost peer ends within that timeout).
@@ -60,7 +63,9 @@ class StartedProcessesWatch(_ChildProcessObserver):
             process.poll()
         lost = [process for process in self._child_processes if process.returncode in LOST_PEER]
         if not lost:
-            return super()._run()
+            # This process is ending with a status of its own and waits for these itself (run/stopping.py): after
+            # a stop signal before training they exit 143 first, which is no failure to end the node for.
+            return stopping.ending() or super()._run()
         named_the_loss = all(process.returncode == LOST_NODE for process in lost)
         # This process, a survivor of the same loss, begins ending on its own (run/diagnostics.py) in that time.
         if named_the_loss and wait_until(stopping.ending, self.notice_seconds):

@@ -115,12 +115,16 @@ def _watch(read_end: int) -> None:
 
 
 def _stop(signum: signal.Signals) -> None:
-    global _requested
+    global _requested, _ending
     _requested = max(_requested, EXIT_STATUS[signum])
+    exiting_now = _on_signal is None and not _ending
+    # Before the processes Lightning started exit with the same status: its watcher, which would end this
+    # process for that, spares a process that is ending on its own (run/node_watch.py).
+    _ending = _ending or exiting_now
     for process in _started_processes():
         if process.poll() is None:
             process.send_signal(signum)
-    if _on_signal is None and not _ending:
+    if exiting_now:
         _exit_now(signum)
 
 
