@@ -24,6 +24,7 @@ from trainkit.checkpoints.periodic import PeriodicCheckpoint
 from trainkit.checkpoints.resume import newest_whole_checkpoint
 from trainkit.checkpoints.rng_state import RNGStateCheckpoint
 from trainkit.data.resumable import ResumableData
+from trainkit.testing.runs import signal_at
 from trainkit.testing.tiny import TinyClassifier, TinyDataModule
 from trainkit.testing.training_samples import recorded
 
@@ -189,8 +190,7 @@ def test_a_sigterm_at_an_epochs_last_batch_then_the_same_command_trains_the_same
     # Preempted again early in the next epoch: resumed from the first preemption, Lightning alone would count that
     # epoch as not started yet, and the next resume would train its first batches twice.
     for step in (BATCHES, BATCHES + 2):
-        preempted = run_train(*args("resumed", "--trainer.callbacks+=trainkit.testing.pacing.SignalAtStep",
-                                    "--trainer.callbacks.at_step", str(step)))  # fmt: skip
+        preempted = run_train(*args("resumed", *signal_at(step)))
         assert preempted.returncode == 143, preempted.stderr[-4000:]
         assert load(tmp_path / "resumed" / "checkpoints" / "preempted.ckpt")["global_step"] == step
 

@@ -1,4 +1,4 @@
-"""wandb's Launch module, imported before torch by the process that may start the wandb run: 1 s less start-up.
+"""wandb's Launch module, imported before torch by the process that may start the wandb run: a faster start.
 
 `wandb.init` always imports `wandb.sdk.launch.inputs`, whose pydantic models read their fields'
 docstrings from the source. On Python 3.11 and 3.12, pydantic finds the source by walking frames
@@ -6,9 +6,9 @@ with `inspect.getmodule`, which scans every loaded module for each new file it m
 torch and Lightning are loaded (3,300 modules), 0.25 s before them (800). Python 3.13 finds the
 source without that scan.
 
-Only wandb's own first process does the import: the one Lightning takes for rank 0 when it is
-imported. That is also the first process of every other node, where the import costs its 0.25 s
-for nothing; and a run with another logger pays it once.
+Only the process that Lightning takes for rank 0 when it is imported does the import. That is
+also the first process of every other node, where the import costs its 0.25 s for nothing; and a
+run with another logger pays it once.
 """
 
 import importlib.util
