@@ -124,7 +124,13 @@ def test_versions_name_the_kit_and_the_installed_project_of_the_model(monkeypatc
 
     found = versions(ProjectModel())
     assert found["trainkit"] == trainkit.__version__ and found["yaml"] == yaml.__version__
-    # An editable install names no packages in its metadata: the distribution is found by the package's name.
-    monkeypatch.setattr(metadata, "packages_distributions", dict)
+
+    # An editable install names no packages in its metadata: the distribution is found by the package's name,
+    # without reading every installed distribution's file list.
+    def no_search() -> dict:
+        raise AssertionError("searched every distribution for a package named as its distribution")
+
+    monkeypatch.setattr(metadata, "packages_distributions", no_search)
     assert installed_version("pytest_cookies") == metadata.version("pytest-cookies")
+    monkeypatch.setattr(metadata, "packages_distributions", dict)
     assert installed_version("not_a_package_here") is None

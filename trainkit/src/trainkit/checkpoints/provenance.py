@@ -100,10 +100,15 @@ def versions(model: object) -> dict[str, str | None]:
 def installed_version(package: str) -> str | None:
     """The version of the distribution that installed `package`; None where it runs from a path, not installed.
 
-    An editable install (the README's `pip install -e .`) names no packages in its metadata: its distribution is
-    found by the package's own name, as projects name them (lightning_mnist from lightning-mnist)."""
-    names = [*metadata.packages_distributions().get(package, []), package]
-    for name in names:
+    Projects name their distribution as their package (lightning-mnist for lightning_mnist), so that name is
+    tried first: an editable install (the README's `pip install -e .`) names no packages in its metadata.
+    Only then are all installed distributions searched for the package, which reads every one's file list
+    (0.15 s at each start here, with 170 of them)."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        pass
+    for name in metadata.packages_distributions().get(package, []):
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
