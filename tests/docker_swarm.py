@@ -52,12 +52,12 @@ class DockerSwarm:
         self._lock = (CACHE / "lock").open("w")
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         self.root.mkdir(parents=True, exist_ok=True)
-        log = (self.root / "dockerd.log").open("w")
-        self._daemon = subprocess.Popen(
-            ["dockerd", "--data-root", str(CACHE / "data"), "--exec-root", str(self.root / "exec"),
-             "-H", f"unix://{self.socket}", "--pidfile", str(self.root / "docker.pid")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        with (self.root / "dockerd.log").open("w") as log:  # the daemon writes its own copy
+            self._daemon = subprocess.Popen(
+                ["dockerd", "--data-root", str(CACHE / "data"), "--exec-root", str(self.root / "exec"),
+                 "-H", f"unix://{self.socket}", "--pidfile", str(self.root / "docker.pid")],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
         deadline = time.monotonic() + timeout
         while self.docker("info", check=False).returncode != 0:
             if self._daemon.poll() is not None or time.monotonic() > deadline:

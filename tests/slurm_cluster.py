@@ -291,9 +291,9 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         )
 
     def _spawn(self, name: str, command: list[str]) -> None:
-        log = (self.root / "logs" / f"{name}.stdout").open("w")
         # Own session: stop() ends the daemon and everything it started, and nothing else.
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with (self.root / "logs" / f"{name}.stdout").open("w") as log:  # the daemon writes its own copy
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self._daemons.append((name, process))
 
     def _check_daemons(self) -> None:

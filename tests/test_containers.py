@@ -204,7 +204,8 @@ def bucket_network(project_image, containers, tmp_path) -> Iterator[tuple[str, d
         port = sock.getsockname()[1]
     log = tmp_path / "s3-server.log"
     command = [sys.executable, "-m", "moto.server", "-H", gateway, "-p", str(port)]
-    server = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    with log.open("w") as output:  # the server writes its own copy
+        server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
     try:
         aws = {"AWS_ACCESS_KEY_ID": "trainer", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_DEFAULT_REGION": "us-east-1",
                "AWS_ENDPOINT_URL": f"http://{gateway}:{port}"}  # fmt: skip

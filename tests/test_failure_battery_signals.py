@@ -42,14 +42,15 @@ def fit(out: Path, data: list[str], *more: str) -> list[str]:
 
 def start(project: Path, command: list[str], log: Path) -> subprocess.Popen:
     """`python COMMAND` in its own process group, as a platform starts a node; output to `log`."""
-    return subprocess.Popen(
-        [sys.executable, *command],
-        cwd=project,
-        env=launch_environment(project),
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with log.open("w") as output:  # the process writes its own copy
+        return subprocess.Popen(
+            [sys.executable, *command],
+            cwd=project,
+            env=launch_environment(project),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def wait_for(path: Path, run: subprocess.Popen, log: Path, timeout: float = 300) -> None:

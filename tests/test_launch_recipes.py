@@ -500,14 +500,15 @@ def test_torchrun_scripts_train_on_cpu(default_project, tmp_path):
         for node, variables in enumerate(nodes):
             log = tmp_path / f"{name}-{node}.log"
             command = ["bash", default_project / "launch" / "torchrun" / script, *quick_cpu_run(data, tmp_path / name)]
-            process = subprocess.Popen(
-                [str(part) for part in command],
-                cwd=tmp_path,  # the scripts find the project root themselves
-                env=launch_environment(default_project, **variables),
-                stdout=log.open("w"),
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            with log.open("w") as output:  # the node writes its own copy
+                process = subprocess.Popen(
+                    [str(part) for part in command],
+                    cwd=tmp_path,  # the scripts find the project root themselves
+                    env=launch_environment(default_project, **variables),
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             started.append((process, log))
     try:
         for process, log in started:

@@ -55,9 +55,10 @@ def last_words(log: Path) -> str:
 def start_node(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     """One node: its own process tree (session), output to `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        command, cwd=PROJECT_ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
-    )
+    with log.open("w") as output:  # the node writes its own copy
+        return subprocess.Popen(
+            command, cwd=PROJECT_ROOT, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def start_nodes(commands: list[list[str]], envs: list[dict[str, str]], logs: Path) -> list[subprocess.Popen]:

@@ -87,7 +87,8 @@ def start_s3_server(log: Path, with_credentials: bool) -> S3Server:
     # With credentials checked, the first requests (the setup below) need none; every later one does.
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "7"} if with_credentials else dict(os.environ)
     command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    with log.open("w") as output:  # the server writes its own copy
+        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while True:
         try:

@@ -56,14 +56,15 @@ def test_every_checkpoint_of_a_run_records_its_commit_changes_versions_setup_and
     periodic_experiment = with_periodic(experiment, every_n_steps=4)
     run_dir, marker, log = tmp_path / "run", tmp_path / "step-12", tmp_path / "train.log"
     args = ["fit", *full_epochs_args(periodic_experiment, run_dir), "--trainer.devices", "2", *paced(marker, 12)]
-    job = subprocess.Popen(
-        [sys.executable, "train.py", *args],
-        cwd=repo,
-        env=clean_env(PYTHONPATH=str(repo / "src")),
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with log.open("w") as output:  # the job writes its own copy
+        job = subprocess.Popen(
+            [sys.executable, "train.py", *args],
+            cwd=repo,
+            env=clean_env(PYTHONPATH=str(repo / "src")),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     wait_for(marker, job, log)
     job.send_signal(signal.SIGTERM)
     assert exit_code(job, timeout=60, hang="the job did not stop after SIGTERM") == 143, log.read_text()[-4000:]

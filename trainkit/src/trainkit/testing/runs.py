@@ -84,14 +84,15 @@ def run_train(project: Path, *args: str, env: dict[str, str] | None = None, time
 
 def start_train(project: Path, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     """`train.py` started as a platform starts a node: its own process group, output to a log file."""
-    return subprocess.Popen(
-        [sys.executable, str(project / "train.py"), *args],
-        cwd=project,
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with log.open("w") as output:  # the process writes its own copy
+        return subprocess.Popen(
+            [sys.executable, str(project / "train.py"), *args],
+            cwd=project,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 180) -> None:
