@@ -86,6 +86,22 @@ def test_a_checkpoint_that_holds_code_is_refused_not_resumed_from(one_epoch, exp
         assert not proof.exists(), "resuming ran the checkpoint's code"
 
 
+def test_a_checkpoint_saved_on_a_gpu_resumes_on_a_machine_without_one(one_epoch, experiment, tmp_path, monkeypatch):
+    # A GPU run's rank 0 saves tensors that torch tags "cuda:0"; saved here with that tag, the file is such a one.
+    from_gpu = tmp_path / "from-gpu.ckpt"
+    checkpoint = torch.load(one_epoch / "checkpoints" / "last.ckpt", weights_only=True)
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        torch.save(checkpoint, from_gpu)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        torch.load(from_gpu, weights_only=True)  # where torch alone would put its tensors, this machine has no GPU
+
+    run_dir = tmp_path / "run"
+    result = run_train("fit", *full_epochs_args(experiment, run_dir, epochs=2), "--ckpt_path", str(from_gpu))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 2 * STEPS_PER_EPOCH
+
+
 def test_checkpoints_follow_the_umask_like_the_runs_other_files(one_epoch):
     modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in one_epoch.rglob("*") if path.is_file()}
     assert modes["last.ckpt"] == modes["config.yaml"] == 0o666 & ~current_umask()

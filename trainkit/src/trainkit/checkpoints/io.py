@@ -75,7 +75,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             # The run is already ending with another error (Lightning tears down while handling it): say this one too.
             log.error(f"error: {error}")
 
-    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> Any:
+    def load_checkpoint(self, path: str | Path, map_location: Any = "cpu", weights_only: bool | None = None) -> Any:
+        # Onto the CPU, as Lightning's own loads do. torch alone puts each tensor back on the device it was saved
+        # from (cuda:0 for a GPU run's rank 0): a machine without a GPU cannot, and on a GPU node every process would
+        # load its copy onto the first GPU. Lightning copies the weights and optimizer state to each process's own.
         try:
             return super().load_checkpoint(path, map_location, weights_only=weights_only is not False)
         except pickle.UnpicklingError as error:
