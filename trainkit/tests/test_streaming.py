@@ -38,6 +38,17 @@ def test_chunks_hold_the_same_splits_as_the_in_memory_path(tiny_chunks):
     assert len(data.test_set) == 160
 
 
+def test_the_normalisation_copies_its_statistics_to_the_device_once(tiny_chunks, monkeypatch):
+    # A copy from CPU memory to a GPU waits for the GPU: at every batch it would stop the CPU queueing steps ahead.
+    data = StreamingImageDataModule(input_dir=str(tiny_chunks))
+    on_device = (torch.zeros(2, 1, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.uint8, device="meta"), torch.zeros(2).long())
+    data.on_after_batch_transfer(on_device, dataloader_idx=0)  # the meta device stands in for a GPU
+    copies, copy = [], torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda tensor, *args, **kwargs: copies.append(args) or copy(tensor, *args))
+    images, _ = data.on_after_batch_transfer(on_device, dataloader_idx=0)
+    assert images.device.type == "meta" and copies == []
+
+
 @pytest.mark.slow
 def test_one_epoch_on_2_processes_x_2_workers_trains_on_every_sample_once(experiment, tiny_chunks, tmp_path):
     result = run_train(

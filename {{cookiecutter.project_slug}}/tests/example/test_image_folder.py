@@ -49,6 +49,18 @@ def test_class_folders_become_labelled_images_with_their_channels_and_statistics
     assert len(data.test_set) == 9
 
 
+def test_the_normalisation_copies_its_statistics_to_the_device_once(tmp_path, monkeypatch):
+    # A copy from CPU memory to a GPU waits for the GPU: at every batch it would stop the CPU queueing steps ahead.
+    data = ImageFolderDataModule(str(image_folder(tmp_path)))
+    data.setup("fit")
+    on_device = (torch.zeros(2, 3, 10, 12, dtype=torch.uint8, device="meta"), torch.zeros(2).long())
+    data.on_after_batch_transfer(on_device, dataloader_idx=0)  # the meta device stands in for a GPU
+    copies, copy = [], torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda tensor, *args, **kwargs: copies.append(args) or copy(tensor, *args))
+    images, _ = data.on_after_batch_transfer(on_device, dataloader_idx=0)
+    assert images.device.type == "meta" and copies == []
+
+
 def test_channels_and_size_are_converted_when_asked(tmp_path):
     root = image_folder(tmp_path, mode="L")
     write_images(root, "train", "cat", 1, mode="RGBA", size=(20, 30))  # cat/0.png: another size and channels

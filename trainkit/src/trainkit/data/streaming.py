@@ -239,7 +239,9 @@ class StreamingImageDataModule(LightningDataModule):
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
         images, labels = batch
-        mean, std = (values.to(images.device).view(1, -1, 1, 1) for values in (self.mean, self.std))
+        if self.mean.device != images.device:  # moved once: a copy from CPU memory at every batch waits for the GPU
+            self.mean, self.std = self.mean.to(images.device), self.std.to(images.device)
+        mean, std = self.mean.view(1, -1, 1, 1), self.std.view(1, -1, 1, 1)
         return images.float().div_(255).sub_(mean).div_(std), labels
 
     def _dataset(self, split: str, **options: Any) -> EncodedImages:
