@@ -1,4 +1,5 @@
 import json
+import logging
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -10,13 +11,17 @@ import pytest
 import torch
 import torch.distributed as dist
 from jsonargparse import Namespace
+from lightning.fabric.accelerators.cuda import _check_cuda_matmul_precision
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+from lightning_utilities.core import rank_zero
 
 from trainkit.checkpoints import agreement, preemption
 from trainkit.cli import ProjectCLI
 from trainkit.run import speed
+from trainkit.run.errors import ConfigError
+from trainkit.run.quiet import LeaveOut
 
 from .helpers import quick_run_args, run_train
 
@@ -61,12 +66,24 @@ def test_the_cpu_trains_in_32_bit(monkeypatch):
 
 def test_fast_defaults_fill_in_only_a_missing_precision(monkeypatch):
     pretend_gpu(monkeypatch)
-    missing = Namespace(accelerator="auto", precision=None)
+    missing = Namespace(accelerator="auto", precision=None, strategy="auto")
     speed.use_fast_defaults(missing)
     assert missing.precision == "bf16-mixed"
-    chosen = Namespace(accelerator="auto", precision="32-true")
+    chosen = Namespace(accelerator="auto", precision="32-true", strategy="ddp_fork")
     speed.use_fast_defaults(chosen)
     assert chosen.precision == "32-true"
+
+
+@pytest.mark.parametrize("strategy", ["ddp_notebook", Namespace(class_path="DDPStrategy", init_args=Namespace(
+    start_method="fork"))], ids=["by name", "by start_method"])  # fmt: skip
+def test_a_strategy_that_forks_must_be_given_the_precision_on_a_gpu(monkeypatch, strategy):
+    pretend_gpu(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda **kwargs: pytest.fail("asked the GPU: CUDA started"))
+    with pytest.raises(ConfigError, match=r"^trainer.precision: set it \(bf16-mixed or 32-true\) with a strategy that"):
+        speed.use_fast_defaults(Namespace(accelerator="auto", precision=None, strategy=strategy))
+    on_the_cpu = Namespace(accelerator="cpu", precision=None, strategy=strategy)
+    speed.use_fast_defaults(on_the_cpu)
+    assert on_the_cpu.precision == "32-true"
 
 
 def test_the_cli_applies_the_default_precision_unless_the_config_sets_one(monkeypatch, tmp_path):
@@ -100,6 +117,28 @@ def test_tf32_matmuls_only_on_gpus_that_have_them(monkeypatch, device, capabilit
     torch.set_float32_matmul_precision("highest")
     speed.Float32MatmulPrecision().setup(trainer_on(device), pl_module=None, stage="fit")
     assert torch.get_float32_matmul_precision() == expected
+
+
+@pytest.mark.usefixtures("matmul_precision")
+@pytest.mark.parametrize(("precision", "advised"), [("high", False), ("highest", True)])
+def test_lightnings_advice_to_set_the_matmul_precision_is_left_out_where_the_callback_sets_it(
+    monkeypatch, precision, advised
+):
+    # Lightning gives its advice when it sets up the GPU, which comes before the callbacks' setup.
+    pretend_gpu(monkeypatch, capability=(9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU with TF32")
+    torch.set_float32_matmul_precision("highest")
+    logger, said = rank_zero.log, []  # the logger Lightning's rank_zero_info lines go to
+    handler = logging.Handler(logging.INFO)
+    handler.emit = said.append
+    logger.addHandler(handler)
+    try:
+        speed.Float32MatmulPrecision(precision)
+        _check_cuda_matmul_precision.__wrapped__(torch.device("cuda", 0))
+    finally:
+        logger.removeHandler(handler)
+        logger.removeFilter(LeaveOut(speed.MATMUL_ADVICE))  # for the tests after this one
+    assert [record.getMessage().startswith("You are using a CUDA device") for record in said] == [advised] * advised
 
 
 def test_matmul_precision_must_be_one_torch_knows():
