@@ -47,7 +47,8 @@ from gpu_probe import record_path
 BENCH = Path(__file__).resolve().parent
 TEMPLATE = BENCH.parent
 
-RUN_TIMEOUT_S = 600
+# A fit, a pip run or a drill's wait ends after this: one that hangs leaves the other checks time (8 minutes in all).
+RUN_TIMEOUT_S = 300
 TIMED_OUT = 124  # as coreutils' timeout reports it
 # A paced step outlasts the kit's 0.25 s between agreements on a stop (checkpoints/preemption.py), so that
 # several processes agree after every step and a SIGTERM mid-epoch is saved mid-epoch, as on a slow model.
@@ -237,15 +238,18 @@ def judge_fit(
     return Check(name, "PASS", detail, figures)
 
 
-def install_check(project: Path) -> Check:
+def install_check(project: Path, log: Path) -> Check:
     """pip's dry run of `pip install -e PROJECT` from this environment alone: installs nothing, downloads nothing."""
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
                "-e", str(project)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    log.write_text(done.stdout + done.stderr)
     said = (done.stdout + done.stderr).strip().splitlines()
     last = said[-1] if said else ""
     if done.returncode != 0:
-        return Check("install", "FAIL", f"pip install -e {project.name} would fail: {last}")
+        # pip's last line is often "See above for details": its first error says what is missing.
+        why = next((line for line in said if line.startswith("ERROR:")), last)
+        return Check("install", "FAIL", f"pip install -e {project.name} would fail: {why} (all of it: {log})")
     return Check("install", "PASS", f"{last}: its dependencies hold in this environment (pip's dry run)")
 
 
@@ -546,7 +550,7 @@ def plan(args: argparse.Namespace, project: Path, data_dir: Path, accelerator: s
         return [Check(name, "SKIP", missing) for name in names]
 
     return [
-        lambda: [install_check(project)],
+        lambda: [install_check(project, args.out / "logs" / "install.log")],
         lambda: fit("fit_default"),
         lambda: [compiled_check(fits, steps, expected)],
         lambda: fit("fit_data_on_device", "--data.on_device", "true", on_device=True),
@@ -558,13 +562,19 @@ def plan(args: argparse.Namespace, project: Path, data_dir: Path, accelerator: s
     ]
 
 
+def write_results(out: Path, accelerator: str, checks: list[Check], started: float) -> float:
+    """The figures so far to gpu_check.json (after every check: a run cut short keeps those before); its seconds."""
+    seconds = time.monotonic() - started
+    results = {"machine": machine(accelerator), "seconds": seconds, "checks": [asdict(check) for check in checks]}
+    (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
+    return seconds
+
+
 def finish(out: Path, accelerator: str, checks: list[Check], started: float) -> int:
     """Write the figures, say where they are; 1 if a check failed."""
-    results = {"machine": machine(accelerator), "seconds": time.monotonic() - started,
-               "checks": [asdict(check) for check in checks]}  # fmt: skip
-    (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
+    seconds = write_results(out, accelerator, checks, started)
     failed = [check.name for check in checks if check.status == "FAIL"]
-    print(f"{len(checks) - len(failed)} of {len(checks)} checks did not fail in {results['seconds']:.0f} s;"
+    print(f"{len(checks) - len(failed)} of {len(checks)} checks did not fail in {seconds:.0f} s;"
           f" figures: {out / 'gpu_check.json'}, logs: {out / 'logs'}")  # fmt: skip
     return 1 if failed else 0
 
@@ -592,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
             check.seconds, before = round(time.monotonic() - before, 1), time.monotonic()
             print(check.line(), flush=True)
             checks.append(check)
+        write_results(args.out, accelerator, checks, started)
     return finish(args.out, accelerator, checks, started)
 
 

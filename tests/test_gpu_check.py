@@ -44,6 +44,7 @@ def test_the_gpu_check_dry_runs_on_the_cpu(default_project, real_mnist, tmp_path
         f"{check['status']:<4} {check['name']}" for check in results["checks"]
     ], printed  # one line per check, in the JSON's order
     assert str(tmp_path / "gpu_check.json") in printed.splitlines()[-1]
+    assert "Would install" in (tmp_path / "logs" / "install.log").read_text()  # pip's own words, kept
     assert results["machine"]["accelerator"] == "cpu"
     for name in ("template_vs_reference", "template_images_per_s", "reference_images_per_s"):
         assert math.isfinite(checks["throughput"]["figures"][name])
