@@ -81,13 +81,13 @@ def rebuild(context: Path, tag: str, build_args: dict[str, str]) -> None:
         podman("rmi", previous, check=False)  # still in use by a container: kept
 
 
-def build(context: Path, tag: str, build_args: dict[str, str], dockerfile: Path | None = None) -> None:
-    """`podman build` as a user builds an image, with this machine's CA bundle for pip."""
+def build(context: Path, tag: str, build_args: dict[str, str], dockerfile: Path | None = None) -> str:
+    """`podman build` as a user builds an image, with this machine's CA bundle for pip; its output."""
     options = [f"--build-arg={name}={value}" for name, value in build_args.items()]
     if dockerfile is not None:
         options += ["--file", str(dockerfile)]
-    podman("build", *LIMITS, "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", *options, "--tag", tag, str(context),
-           timeout=900)  # fmt: skip
+    return podman("build", *LIMITS, "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", *options, "--tag", tag, str(context),
+                  timeout=900).stdout  # fmt: skip
 
 
 # ---- images ----------------------------------------------------------------------------------

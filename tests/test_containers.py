@@ -13,6 +13,7 @@ The sharded strategy writes one checkpoint directory on the shared volume, and r
 import itertools
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -32,6 +33,7 @@ from .containers import (
     PACKAGES,
     PROGRAMS,
     Containers,
+    build,
     ensure_programs,
     image_command,
     image_user,
@@ -133,6 +135,29 @@ def test_image_runs_as_its_own_user(project_image, default_project, containers):
                           aliases=[], env={}, volumes=[])  # fmt: skip
     assert containers.wait(node, 60) == 0
     assert "platform=local" in containers.logs(node)
+
+
+def build_steps(output: str) -> dict[str, str]:
+    """`podman build`'s output by step: the instruction -> what the build printed for it."""
+    steps = re.split(r"^STEP \d+/\d+: ", output, flags=re.MULTILINE)[1:]
+    return {step.split("\n", 1)[0]: step.split("\n", 1)[-1] for step in steps}
+
+
+def test_a_change_of_code_rebuilds_the_image_without_installing_the_dependencies_again(project_image, default_project,
+                                                                                        tmp_path):  # fmt: skip
+    """The dependency layer comes from pyproject.toml alone, so a commit that changes code leaves it cached."""
+    project = Path(shutil.copytree(default_project, tmp_path / "project"))
+    with (project / "train.py").open("a") as train:
+        train.write("# a change of code\n")
+    tag = f"{IMAGES}/project:changed-code"
+    try:
+        steps = build_steps(build(project, tag, {"BASE_IMAGE": torch_base_image()}))
+    finally:
+        podman("rmi", tag, check=False)
+    (dependencies,) = [output for step, output in steps.items() if "pip install --no-cache-dir -r" in step]
+    (own,) = [output for step, output in steps.items() if "pip install --no-cache-dir --no-deps ." in step]
+    assert "Using cache" in dependencies, dependencies
+    assert "Using cache" not in own and "Successfully installed" in own, own
 
 
 @pytest.mark.parametrize("platform", ["SING", "POD"])
