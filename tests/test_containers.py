@@ -139,8 +139,8 @@ def test_image_runs_as_its_own_user(project_image, default_project, containers):
 
 def build_steps(output: str) -> dict[str, str]:
     """`podman build`'s output by step: the instruction -> what the build printed for it."""
-    steps = re.split(r"^STEP \d+/\d+: ", output, flags=re.MULTILINE)[1:]
-    return {step.split("\n", 1)[0]: step.split("\n", 1)[-1] for step in steps}
+    steps = [step.partition("\n") for step in re.split(r"^STEP \d+/\d+: ", output, flags=re.MULTILINE)[1:]]
+    return {instruction: printed for instruction, _, printed in steps}
 
 
 def test_a_change_of_code_rebuilds_the_image_without_installing_the_dependencies_again(project_image, default_project,
