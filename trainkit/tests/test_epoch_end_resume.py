@@ -9,6 +9,8 @@ tests' tiny model and data module, and for Lightning's demo model with a shuffle
 
 import contextlib
 import copy
+import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,8 +30,8 @@ from trainkit.testing.runs import signal_at
 from trainkit.testing.tiny import TinyClassifier, TinyDataModule
 from trainkit.testing.training_samples import recorded
 
-from .drills import load, whole_epochs
-from .helpers import PROJECT_ROOT, quick_trainer_args, run_train
+from .drills import group_is_gone, load, paced, start, wait_for, whole_epochs
+from .helpers import PROJECT_ROOT, clean_env, quick_trainer_args, run_train
 
 EPOCHS, BATCHES = 3, 18  # 144 samples in batches of 8
 
@@ -169,15 +171,17 @@ def test_a_checkpoint_without_the_loops_it_knows_is_left_as_it_is(checkpoint):
 
 
 @pytest.mark.slow
-def test_a_sigterm_at_an_epochs_last_batch_then_the_same_command_trains_the_same_weights(experiment, tiny_chunks,
-                                                                                        tmp_path):  # fmt: skip
+def test_sigterm_at_an_epochs_last_batch_then_mid_epoch_then_the_same_command_trains_the_same_weights(
+    experiment, tiny_chunks, tmp_path
+):
     """Preempted just after the last batch of the first epoch (the preemption checkpoint is saved there), then
-    again in the second: the command run again trains, through train.py, what a run never stopped trains. Streamed
-    from chunks by 2 loader workers and limited by steps; the contract's drills (test_your_code_contract.py) stop
-    in-memory data, limited by epochs, the same way."""
+    in the middle of the second by a SIGTERM to the job's first process (as Kubernetes and Docker send it): the
+    command run again trains, through train.py, on the samples a run never stopped trains on, in the same order,
+    to the same weights. Streamed from chunks by 2 loader workers and limited by steps; the contract's drills
+    (test_your_code_contract.py) stop in-memory data, limited by epochs, the same way."""
     # The tiny data's 576 training images in batches of 32: 18 an epoch.
     data = ["--data", str(PROJECT_ROOT / "configs" / "data" / "streaming_images.yaml"),
-            "--data.input_dir", str(tiny_chunks), "--data.batch_size", "32"]  # fmt: skip
+            "--data.input_dir", str(tiny_chunks), "--data.batch_size", "32", "--data.num_workers", "2"]  # fmt: skip
     limit = ["--trainer.max_epochs", "-1", "--trainer.max_steps", str(2 * BATCHES)]
 
     def args(run: str, *extra: str) -> list[str]:
@@ -187,15 +191,31 @@ def test_a_sigterm_at_an_epochs_last_batch_then_the_same_command_trains_the_same
 
     uninterrupted = run_train(*args("uninterrupted"))
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
+    checkpoints = tmp_path / "resumed" / "checkpoints"
+    at_epoch_end = run_train(*args("resumed", *signal_at(BATCHES)))
+    assert at_epoch_end.returncode == 143, at_epoch_end.stderr[-4000:]
+    assert load(checkpoints / "preempted.ckpt")["global_step"] == BATCHES
+
     # Preempted again early in the next epoch: resumed from the first preemption, Lightning alone would count that
     # epoch as not started yet, and the next resume would train its first batches twice.
-    for step in (BATCHES, BATCHES + 2):
-        preempted = run_train(*args("resumed", *signal_at(step)))
-        assert preempted.returncode == 143, preempted.stderr[-4000:]
-        assert load(tmp_path / "resumed" / "checkpoints" / "preempted.ckpt")["global_step"] == step
+    marker, log = tmp_path / "mid-epoch", tmp_path / "interrupted.log"
+    job = start(args("resumed", *paced(marker, at_step=BATCHES + 2)), clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
+    time.sleep(1)
+    assert group_is_gone(job), "a process of the job is still running"
+    preempted = load(checkpoints / "preempted.ckpt")
+    assert BATCHES < preempted["global_step"] < 2 * BATCHES, "the interruption must land mid-epoch"
+    assert preempted["optimizer_states"] and preempted["lr_schedulers"] and preempted["loops"]
+    assert any("RNGStateCheckpoint" in key for key in preempted["callbacks"])
+    assert not [path for path in checkpoints.iterdir() if path.name.startswith(".")], "temporary files left"
 
     resumed = run_train(*args("resumed"))
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output[-4000:]
+    assert "preempted.ckpt" in output and "not resumable" not in output
+    assert not (checkpoints / "preempted.ckpt").exists()
     assert recorded(tmp_path / "resumed" / "samples", 0) == recorded(tmp_path / "uninterrupted" / "samples", 0)
     expected, actual = (load(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("uninterrupted", "resumed"))
     assert actual["global_step"] == expected["global_step"] == 2 * BATCHES

@@ -16,9 +16,7 @@ from lightning.fabric.strategies.launchers.subprocess_script import _ChildProces
 
 from trainkit.run import stopping
 from trainkit.run.node_watch import POLL_SECONDS, StartedProcessesWatch
-from trainkit.testing.training_samples import recorded
 
-from .conftest import streaming_run_args
 from .drills import (
     STEPS_PER_EPOCH,
     exit_code,
@@ -30,7 +28,6 @@ from .drills import (
     process_tree,
     start,
     wait_for,
-    whole_epochs,
 )
 from .helpers import clean_env, free_port, quick_run_args, run_train
 
@@ -158,50 +155,6 @@ def test_restart_resumes_exactly_and_continues_the_same_wandb_run(experiment, tm
     run_id = (tmp_path / "b" / "checkpoints" / "wandb-run-id").read_text()
     offline_runs = sorted(path.name for path in (tmp_path / "b" / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 2 and all(name.endswith(f"-{run_id}") for name in offline_runs)
-
-
-def test_a_streamed_mid_epoch_resume_trains_on_exactly_the_rest_of_the_epoch(experiment, tiny_chunks, tmp_path):
-    """SIGTERM mid-epoch, then the same command: the same samples in the same order, and the same weights.
-
-    Streamed here, on one process with 2 loader workers; in memory on 2 processes: test_rng_per_process.py;
-    an ordinary loader of the researcher's own: test_resumable.py; streamed on other layouts: test_resharding.py."""
-
-    def args(run: str, *extra: str) -> list[str]:
-        return ["fit", *streaming_run_args(experiment, tiny_chunks, tmp_path / run), *whole_epochs(2),
-                "--data.num_workers", "2",
-                "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples",
-                "--trainer.callbacks.out_dir", str(tmp_path / run / "samples"), *extra]  # fmt: skip
-
-    uninterrupted = run_train(*args("uninterrupted"))
-    assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
-
-    marker, log = tmp_path / "step-4", tmp_path / "interrupted.log"
-    job = start(args("resumed", *paced(marker, at_step=4)), clean_env(), log)
-    wait_for(marker, job, log)
-    job.send_signal(signal.SIGTERM)
-    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
-    time.sleep(1)
-    assert group_is_gone(job), "a process of the job is still running"
-    steps_per_epoch = len(recorded(tmp_path / "uninterrupted" / "samples", 0)[0]) // 16  # streamed: 16 a batch
-    checkpoints = tmp_path / "resumed" / "checkpoints"
-    preempted = load(checkpoints / "preempted.ckpt")
-    assert preempted["global_step"] % steps_per_epoch, "the interruption must land mid-epoch"
-    assert preempted["optimizer_states"] and preempted["lr_schedulers"] and preempted["loops"]
-    assert any("RNGStateCheckpoint" in key for key in preempted["callbacks"])
-    assert not [path for path in checkpoints.iterdir() if path.name.startswith(".")], "temporary files left"
-
-    resumed = run_train(*args("resumed"))
-    output = resumed.stdout + resumed.stderr
-    assert resumed.returncode == 0, output[-4000:]
-    assert "preempted.ckpt" in output and "not resumable" not in output
-    assert not (checkpoints / "preempted.ckpt").exists()
-
-    expected, actual = (recorded(tmp_path / run / "samples", 0) for run in ("uninterrupted", "resumed"))
-    assert actual == expected, "trained on other samples, or in another order, after resuming"
-    expected, actual = (load(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("uninterrupted", "resumed"))
-    assert actual["global_step"] == expected["global_step"] == 2 * steps_per_epoch
-    for name, tensor in expected["state_dict"].items():
-        assert torch.equal(tensor, actual["state_dict"][name]), f"{name} differs after resuming"
 
 
 def start_pod_nodes(args: list[str], port: int, nodes: range, tmp_path: Path) -> list[subprocess.Popen]:

@@ -31,7 +31,7 @@ def args(experiment: Path, run_dir: Path, devices: int, *extra: str) -> list[str
 def test_each_process_resumes_its_own_generators_and_samples_bitwise_and_on_other_process_counts(experiment, tmp_path):
     """SIGTERM mid-epoch to the job's first process (as Kubernetes and Docker send it), 2 loader workers each, then
     the same command: each process trains on the same samples in the same order, with its own draws, to the same
-    weights. This is also the mid-epoch resume of in-memory data on 2 processes (test_reliability.py)."""
+    weights: the kit's mid-epoch resume of in-memory data on 2 processes."""
     record = ["--data.num_workers", "2", "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples"]
 
     def two_processes(run: str, *extra: str) -> list[str]:
