@@ -128,14 +128,6 @@ def test_a_model_that_does_not_log_the_monitored_metric_trains_to_the_end_saving
     assert not list(checkpoints.glob("best*"))
 
 
-def test_a_model_that_brings_its_own_loaders_trains_with_data_null(experiment, tmp_path):
-    run_dir = tmp_path / "run"
-    result = run_train("fit", "--config", str(experiment), *quick_trainer_args(run_dir),
-                       "--model", "lightning.pytorch.demos.boring_classes.BoringModel", "--data", "null")  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
-
-
 RESEARCHERS_DATA = """
 from lightning.pytorch import LightningDataModule
 from trainkit.run.errors import ConfigError
