@@ -125,8 +125,8 @@ def test_loaders_with_an_order_of_their_own_are_left_as_they_are_in_one_line(loa
 @pytest.mark.slow
 def test_sigterm_mid_epoch_then_the_same_command_trains_the_same_weights(experiment, tmp_path):
     """A data module returning `DataLoader(dataset, batch_size=8, shuffle=True)` with 2 workers kept between epochs
-    (`persistent_workers`, as many do), on one process, preempted and restarted. On 2 processes with workers, the
-    same loaders resume in test_rng_per_process; without workers, in the contract's drills."""
+    (`persistent_workers`, as many do), on one process, preempted and restarted. On 2 processes, these loaders
+    resume with workers in test_rng_per_process, and the contract's pairs' own loaders in its drills."""
     # Configs of their own, every argument given (JSON is YAML too).
     model, data = tmp_path / "model.yaml", tmp_path / "data.yaml"
     tiny_model = {"hidden": 32, "dropout": 0.3, "lr": 0.01}
