@@ -135,3 +135,7 @@ def test_versions_name_the_kit_and_the_installed_project_of_the_model(monkeypatc
     assert installed_version("pytest_cookies") == metadata.version("pytest-cookies")
     monkeypatch.setattr(metadata, "packages_distributions", dict)
     assert installed_version("not_a_package_here") is None
+    # Nor for a package that runs from a path, as the kit does in its tests (its distribution is not installed).
+    monkeypatch.setattr(metadata, "packages_distributions", no_search)
+    assert Path(trainkit.__file__).is_relative_to(Path(__file__).parents[1] / "src")
+    assert installed_version("trainkit") is None

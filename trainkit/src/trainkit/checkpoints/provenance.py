@@ -102,18 +102,26 @@ def installed_version(package: str) -> str | None:
 
     Projects name their distribution as their package (lightning-mnist for lightning_mnist), so that name is
     tried first: an editable install (the README's `pip install -e .`) names no packages in its metadata.
-    Only then are all installed distributions searched for the package, which reads every one's file list
-    (0.15 s at each start here, with 170 of them)."""
+    Only a package imported from an environment's site-packages is searched for among all installed
+    distributions, which reads every one's file list (0.5 s at each start here, with 270 of them)."""
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         pass
+    if not _imported_from_site_packages(package):
+        return None
     for name in metadata.packages_distributions().get(package, []):
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def _imported_from_site_packages(package: str) -> bool:
+    module = sys.modules.get(package)
+    where = Path(getattr(module, "__file__", None) or "")
+    return any(folder.name in ("site-packages", "dist-packages") for folder in where.parents)
 
 
 def _git(directory: Path, *args: str) -> bytes:

@@ -23,9 +23,9 @@ class SaveRunRecord(SaveConfigCallback):
         path = Path(trainer.default_root_dir, self.config_filename)
         path.parent.mkdir(parents=True, exist_ok=True)
         # One self-contained file: saved apart, composed configs such as model/x.yaml and data/x.yaml
-        # would overwrite each other next to it.
-        self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=False)
+        # would overwrite each other next to it. Dumped once (it checks the whole config each time).
         config_yaml = self.parser.dump(self.config, skip_none=False)
+        path.write_text(config_yaml)
         self.provenance = collect_provenance(trainer, config_yaml)
         record = {**self.provenance, "config": yaml.safe_load(config_yaml)}
         for logger in trainer.loggers:
