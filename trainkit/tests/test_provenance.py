@@ -1,6 +1,7 @@
 """Every checkpoint says where it came from: commit, uncommitted changes, versions, cluster setup and config."""
 
 import hashlib
+import importlib
 import os
 import platform
 import shutil
@@ -119,7 +120,7 @@ def test_show_refuses_checkpoints_that_could_run_code_and_says_when_none_is_reco
     assert refused.stdout == missing.stdout == ""
 
 
-def test_versions_name_the_kit_and_the_installed_project_of_the_model(monkeypatch):
+def test_versions_name_the_kit_and_the_installed_project_of_the_model(monkeypatch, tmp_path):
     class ProjectModel:  # as if defined in the package `yaml`, which the distribution PyYAML installs
         __module__ = "yaml.models"
 
@@ -129,13 +130,16 @@ def test_versions_name_the_kit_and_the_installed_project_of_the_model(monkeypatc
     # An editable install names no packages in its metadata: the distribution is found by the package's name,
     # without reading every installed distribution's file list.
     def no_search() -> dict:
-        raise AssertionError("searched every distribution for a package named as its distribution")
+        raise AssertionError("searched every installed distribution for the package")
 
     monkeypatch.setattr(metadata, "packages_distributions", no_search)
     assert installed_version("pytest_cookies") == metadata.version("pytest-cookies")
     monkeypatch.setattr(metadata, "packages_distributions", dict)
     assert installed_version("not_a_package_here") is None
-    # Nor for a package that runs from a path, as the kit does in its tests (its distribution is not installed).
+    # Nor for a package that runs from a path, as a project does from its folder (`PYTHONPATH=src`).
+    (tmp_path / "project_from_a_path").mkdir()
+    (tmp_path / "project_from_a_path" / "__init__.py").touch()
+    monkeypatch.syspath_prepend(tmp_path)
+    importlib.import_module("project_from_a_path")
     monkeypatch.setattr(metadata, "packages_distributions", no_search)
-    assert Path(trainkit.__file__).is_relative_to(Path(__file__).parents[1] / "src")
-    assert installed_version("trainkit") is None
+    assert installed_version("project_from_a_path") is None
