@@ -216,6 +216,7 @@ def test_a_writer_killed_at_any_moment_leaves_a_complete_checkpoint_to_resume_fr
             time.sleep(0.02)
         while not any((run_dir / "checkpoints").glob(".*.upload-*")):  # then the next upload begins
             assert job.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.005)  # not a busy loop: the job needs the cores
         time.sleep(rng.uniform(0, 0.05))
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
