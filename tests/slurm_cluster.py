@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -28,6 +29,7 @@ from .host import apt_install
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "unshare")
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
@@ -41,37 +43,29 @@ def install_packages() -> None:
     apt_install(PACKAGES)
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports that were free a moment ago (consecutive ones are not needed)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+def free_port() -> int:
+    return free_port_range(1)
 
 
-def free_port_range(count: int, tries: int = 50) -> int:
-    """The first of `count` consecutive free ports: slurm.conf gives the nodes a port range."""
-    for _ in range(tries):
-        first = free_ports(1)[0]
-        if first + count > 65535:
-            continue
-        sockets = []
+def free_port_range(count: int, tries: int = 100) -> int:
+    """The first of `count` consecutive ports that were free a moment ago (slurm.conf gives the nodes a range).
+
+    Drawn below the ports Linux gives outgoing connections: a port from there (what binding port 0
+    returns) may be taken by any connection opened before the daemon or job listens on it.
+    """
+    first_ephemeral = int(EPHEMERAL_PORTS.read_text().split()[0])
+    for first in random.SystemRandom().sample(range(10000, first_ephemeral - count), tries):
+        sockets = [socket.socket() for _ in range(count)]
         try:
-            for port in range(first, first + count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
+            for port, sock in zip(range(first, first + count), sockets, strict=True):
+                sock.bind(("", port))
             return first
         except OSError:
             continue
         finally:
             for sock in sockets:
                 sock.close()
-    raise RuntimeError(f"found no {count} consecutive free ports")
+    raise RuntimeError(f"no {count} consecutive free ports among {tries} tries below {first_ephemeral}")
 
 
 class SlurmCluster:
@@ -101,7 +95,7 @@ class SlurmCluster:
             (self.root / folder).mkdir(parents=True, exist_ok=True)
         (self.root / "munge").chmod(0o700)
         self._start_munge()
-        controller_port = free_ports(1)[0]
+        controller_port = free_port()
         first_node_port = free_port_range(len(self.nodes))
         self._write_conf(controller_port, first_node_port)
         hosts = self.root / "hosts"

@@ -14,7 +14,7 @@ import pytest
 
 from .battery import Ending, assert_refused, run_project
 from .launch_runs import launch_environment, quick_cpu_run
-from .slurm_cluster import free_ports
+from .slurm_cluster import free_port
 
 CONFIG_ERROR = 2
 EXPERIMENT = ["--config", "configs/experiment.yaml"]
@@ -102,7 +102,7 @@ def start_two_nodes(project: Path, data: Path, out: Path, envs: list[dict], devi
 
 
 def test_two_nodes_that_claim_one_rank_are_named_at_once(default_project, real_mnist, tmp_path):
-    port = str(free_ports(1)[0])
+    port = str(free_port())
     env = launch_environment(default_project, **POD, RANK="0", WORLD_SIZE="2", MASTER_PORT=port)
     endings = start_two_nodes(default_project, real_mnist, tmp_path, [env, env], devices=[2, 2])
     for ending in endings:  # far sooner than the 60 s cluster.timeout after which it would fail as a lost node
@@ -117,7 +117,7 @@ def test_two_nodes_that_claim_one_rank_are_named_at_once(default_project, real_m
 
 
 def test_nodes_that_start_different_numbers_of_processes_are_named_at_once(default_project, real_mnist, tmp_path):
-    port = str(free_ports(1)[0])
+    port = str(free_port())
     envs = [launch_environment(default_project, **POD, RANK=str(rank), WORLD_SIZE="2", MASTER_PORT=port)
             for rank in range(2)]  # fmt: skip
     endings = start_two_nodes(default_project, real_mnist, tmp_path, envs, devices=[2, 3])

@@ -31,7 +31,7 @@ from cookiecutter.prompt import prompt_for_config
 
 from .conftest import ANSWER_SETS, TEMPLATE
 from .launch_runs import TRAIN_STEPS, assert_one_process_group, launch_environment, quick_cpu_run, write_fake_mnist
-from .slurm_cluster import free_ports
+from .slurm_cluster import free_port
 
 ENTRY_COMMAND = ["python", "train.py", "fit", "--config", "configs/experiment.yaml"]
 SHELL_SHEBANG = re.compile(r"#!\s*/(usr/)?bin/(env\s+)?(ba)?sh\b")
@@ -488,7 +488,7 @@ def test_nccl_and_gloo_are_set_only_where_the_network_must_be_named(projects, an
 def test_torchrun_scripts_train_on_cpu(default_project, tmp_path):
     """single_node.sh with 2 processes and multi_node.sh on 2 nodes x 1 process, all at once, over gloo."""
     data = write_fake_mnist(default_project, tmp_path / "mnist")
-    port = str(free_ports(1)[0])
+    port = str(free_port())
     multi_node = {"NNODES": "2", "NPROC_PER_NODE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                   "RDZV_ID": f"test-{port}"}  # fmt: skip
     runs = {

@@ -39,7 +39,7 @@ from .launch_runs import (
     quick_cpu_run,
     write_fake_mnist,
 )
-from .slurm_cluster import SlurmCluster, free_ports, install_packages, missing_programs
+from .slurm_cluster import SlurmCluster, free_port, install_packages, missing_programs
 
 TASKS_PER_NODE = 2
 
@@ -77,7 +77,7 @@ def submit(slurm: SlurmCluster, project: Path, data: Path, out: Path, nodes: int
         "--time=10",
     ]  # fmt: skip
     # Lightning derives the port from the job id; a free one keeps concurrent test clusters apart.
-    env = launch_environment(project, MASTER_PORT=str(free_ports(1)[0]))
+    env = launch_environment(project, MASTER_PORT=str(free_port()))
     script = ["launch/slurm/train.sbatch", *quick_cpu_run(data, out), *extra]
     return slurm.sbatch([*sbatch_options, *script], env, project)
 

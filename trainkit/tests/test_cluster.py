@@ -1,6 +1,7 @@
 """The SING and POD environments and platform detection, over the platforms' documented examples."""
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -10,11 +11,13 @@ import pytest
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+from trainkit.cluster.arrival import wait_for_every_process
 from trainkit.cluster.launch_variables import ClusterConfigError
 from trainkit.cluster.node_level import wait_until_resolvable
 from trainkit.cluster.platforms import MANUAL_NUM_NODES, describe, detect_platform
 from trainkit.cluster.pod import PODEnvironment
 from trainkit.cluster.process_counts import devices_per_node, num_nodes
+from trainkit.cluster.roll_call import MainPortTaken, roll_call
 from trainkit.cluster.settings import DEFAULT_MAIN_PORT, ClusterSettings
 from trainkit.cluster.sing import SINGEnvironment
 
@@ -495,6 +498,31 @@ def test_processes_that_did_not_check_in_are_named_with_their_node():
     assert outcomes[0].startswith(f"NodesDidNotArrive: only 2 of 4 processes joined at 127.0.0.1:{port}"), outcomes
     assert "within 0:00:02 (cluster.join_timeout): global rank 1, 3 of node 0, 1 did not arrive" in outcomes[0]
     assert outcomes[1].startswith("NodesDidNotArrive: "), outcomes  # the same line, or node 0 ended first
+
+
+@pytest.fixture
+def taken_port():
+    """A port of this host held by an open connection, as an outgoing connection may take any port of the
+    ephemeral range: nothing listens there, and nothing else can."""
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.connect(server.getsockname())
+        yield holder.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "serve",
+    [
+        lambda port: roll_call("127.0.0.1", port, 0, 2, 2, "RANK", timedelta(minutes=10)),
+        lambda port: wait_for_every_process("127.0.0.1", port, 0, 2, 1, timedelta(minutes=10)),
+    ],
+    ids=["node 0 of the roll call", "global rank 0 checking in"],
+)
+def test_a_main_node_whose_port_is_taken_says_so_at_once(taken_port, serve):
+    started = time.monotonic()
+    with pytest.raises(MainPortTaken, match=f"the main node cannot listen on port {taken_port}: another process"):
+        serve(taken_port)
+    assert time.monotonic() - started < 60  # not the 10 minutes of the join timeout
 
 
 def test_unresolvable_main_address_fails_after_the_timeout_naming_the_host():

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import ParallelStrategy
 from torch.distributed import DistError, TCPStore
 
-from trainkit.cluster.roll_call import NodesDidNotArrive, main_node_unreachable
+from trainkit.cluster.roll_call import MainPortTaken, NodesDidNotArrive, main_node_unreachable
 
 POLL_SECONDS = 0.2
 
@@ -35,7 +35,7 @@ def wait_for_every_process(
     try:
         store = TCPStore(address, port, is_master=serves, multi_tenant=True, timeout=timeout, wait_for_workers=False)
     except DistError:
-        raise main_node_unreachable(address, port, timeout) from None
+        raise (MainPortTaken(port) if serves else main_node_unreachable(address, port, timeout)) from None
     # torchrun's agent keeps its store across restarts of the workers: each attempt checks in anew.
     prefix = f"trainkit/arrived/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     deadline = time.monotonic() + timeout.total_seconds()

@@ -19,10 +19,23 @@ from torch.distributed import DistNetworkError, TCPStore
 from trainkit.cluster.launch_variables import ClusterConfigError
 
 POLL_SECONDS = 0.2
+# A node 0 that finds its port taken asks whether another node 0 of this job serves the store there.
+TAKEN_PORT_ANSWERS_WITHIN = timedelta(seconds=5)
 
 
 class NodesDidNotArrive(RuntimeError):
     """Not every node answered the roll call in time: a node that is late, lost or cannot reach the main node."""
+
+
+class MainPortTaken(NodesDidNotArrive):
+    """Node 0 cannot serve the job's store: another process on its host holds the port, so the job cannot form."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(
+            f"the main node cannot listen on port {port}: another process on this host holds it, so the other"
+            " processes cannot join; give the job a free port (MASTER_PORT, or cluster.main_port where the platform"
+            " sets none)"
+        )
 
 
 @dataclass(frozen=True)
@@ -64,15 +77,20 @@ def roll_call(
 
 def _open_store(address: str, port: int, is_main: bool, timeout: timedelta) -> TCPStore:
     """Node 0 serves the store (torch's process group reuses it: multi-tenant); the others connect to it."""
-    if is_main:
+    if not is_main:
         try:
-            return TCPStore(address, port, is_master=True, multi_tenant=True, timeout=timeout, wait_for_workers=False)
+            return TCPStore(address, port, is_master=False, timeout=timeout, wait_for_workers=False)
         except DistNetworkError:
-            pass  # the port is taken on this host: maybe another node 0 of this job, which the roll call will name
+            raise main_node_unreachable(address, port, timeout) from None
     try:
-        return TCPStore(address, port, is_master=False, timeout=timeout, wait_for_workers=False)
+        return TCPStore(address, port, is_master=True, multi_tenant=True, timeout=timeout, wait_for_workers=False)
     except DistNetworkError:
-        raise main_node_unreachable(address, port, timeout) from None
+        pass  # the port is taken on this host: maybe by another node 0 of this job, which the roll call will name
+    try:
+        # That one serves the store already, and answers at once.
+        return TCPStore(address, port, is_master=False, timeout=TAKEN_PORT_ANSWERS_WITHIN, wait_for_workers=False)
+    except DistNetworkError:
+        raise MainPortTaken(port) from None
 
 
 def main_node_unreachable(address: str, port: int, timeout: timedelta) -> NodesDidNotArrive:

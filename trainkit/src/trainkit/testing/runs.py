@@ -1,6 +1,7 @@
 """Run a project's `train.py` for real, as a user or a platform runs it, and read what the run left behind."""
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,10 +18,35 @@ CLUSTER_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", 
                  "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "JOB_NAME", "SVC_NAME", "POD_NAMESPACE"}  # fmt: skip
 
 
+PORTS_FROM = 10000  # clear of the ports services commonly listen on
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free now, below the range the system takes its outgoing connections' ports from.
+
+    A port of that range (what binding port 0 returns) may be taken by any connection opened before the
+    run listens on it: the run's main node would find it taken.
+    """
+    below = first_ephemeral_port()
+    # Where the system hands out nearly every port, none is safe from it: any free one will do.
+    ports = range(PORTS_FROM, below) if below - PORTS_FROM >= 1000 else range(1024, 65536)
+    for port in random.SystemRandom().sample(ports, 100):  # drawn apart from the other tests running at once
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port among 100 drawn from {ports.start}-{ports.stop - 1} on this host")
+
+
+def first_ephemeral_port() -> int:
+    """Where Linux's range of ports for outgoing connections begins (elsewhere: Linux's default)."""
+    try:
+        return int(EPHEMERAL_PORTS.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def clean_env(**variables: str) -> dict[str, str]:
