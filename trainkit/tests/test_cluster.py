@@ -1,6 +1,7 @@
 """The SING and POD environments and platform detection, over the platforms' documented examples."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from trainkit.cluster.node_level import wait_until_resolvable
 from trainkit.cluster.platforms import MANUAL_NUM_NODES, describe, detect_platform
 from trainkit.cluster.pod import PODEnvironment
 from trainkit.cluster.process_counts import devices_per_node, num_nodes
-from trainkit.cluster.roll_call import MainPortTaken, roll_call
+from trainkit.cluster.roll_call import MainPortTaken, NodesDidNotArrive, roll_call
 from trainkit.cluster.settings import DEFAULT_MAIN_PORT, ClusterSettings
 from trainkit.cluster.sing import SINGEnvironment
 
@@ -510,6 +511,15 @@ def taken_port():
         yield holder.getsockname()[1]
 
 
+@pytest.fixture
+def port_of_another_program():
+    """A port where a program listens that is not a store: it takes connections and never answers (a web
+    server waiting for a request, say)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("holder", ["taken_port", "port_of_another_program"])
 @pytest.mark.parametrize(
     "serve",
     [
@@ -518,11 +528,32 @@ def taken_port():
     ],
     ids=["node 0 of the roll call", "global rank 0 checking in"],
 )
-def test_a_main_node_whose_port_is_taken_says_so_at_once(taken_port, serve):
+def test_a_main_node_whose_port_is_taken_says_so_at_once(holder, serve, request):
+    port = request.getfixturevalue(holder)
     started = time.monotonic()
-    with pytest.raises(MainPortTaken, match=f"the main node cannot listen on port {taken_port}: another process"):
-        serve(taken_port)
+    with pytest.raises(MainPortTaken, match=f"the main node cannot listen on port {port}: another process"):
+        serve(port)
     assert time.monotonic() - started < 60  # not the 10 minutes of the join timeout
+
+
+@pytest.mark.parametrize(
+    "join",
+    [
+        lambda port: roll_call("127.0.0.1", port, 1, 2, 2, "RANK", timedelta(seconds=2)),
+        lambda port: wait_for_every_process("127.0.0.1", port, 1, 2, 1, timedelta(seconds=2)),
+    ],
+    ids=["node 1 of the roll call", "global rank 1 checking in"],
+)
+def test_another_program_on_the_main_port_ends_the_other_nodes_within_the_join_timeout(port_of_another_program, join):
+    """torch's client alone would wait for that program's answer forever."""
+    started = time.monotonic()
+    line = (
+        f"the main node's 127.0.0.1:{port_of_another_program} took the connection but did not answer as torch's"
+        " store within 0:00:02: another program listens on that port, not node 0; give the job a free port"
+    )
+    with pytest.raises(NodesDidNotArrive, match=re.escape(line)):
+        join(port_of_another_program)
+    assert time.monotonic() - started < 30
 
 
 def test_unresolvable_main_address_fails_after_the_timeout_naming_the_host():

@@ -17,6 +17,7 @@ from datetime import timedelta
 from torch.distributed import DistNetworkError, TCPStore
 
 from trainkit.cluster.launch_variables import ClusterConfigError
+from trainkit.cluster.store_client import NotAStore, connect_to_store
 
 POLL_SECONDS = 0.2
 # A node 0 that finds its port taken asks whether another node 0 of this job serves the store there.
@@ -79,17 +80,19 @@ def _open_store(address: str, port: int, is_main: bool, timeout: timedelta) -> T
     """Node 0 serves the store (torch's process group reuses it: multi-tenant); the others connect to it."""
     if not is_main:
         try:
-            return TCPStore(address, port, is_master=False, timeout=timeout, wait_for_workers=False)
+            return connect_to_store(address, port, timeout)
         except DistNetworkError:
             raise main_node_unreachable(address, port, timeout) from None
+        except NotAStore as error:
+            raise another_program_on_the_main_port(error) from None
     try:
         return TCPStore(address, port, is_master=True, multi_tenant=True, timeout=timeout, wait_for_workers=False)
     except DistNetworkError:
         pass  # the port is taken on this host: maybe by another node 0 of this job, which the roll call will name
     try:
         # That one serves the store already, and answers at once.
-        return TCPStore(address, port, is_master=False, timeout=TAKEN_PORT_ANSWERS_WITHIN, wait_for_workers=False)
-    except DistNetworkError:
+        return connect_to_store(address, port, TAKEN_PORT_ANSWERS_WITHIN)
+    except (DistNetworkError, NotAStore):
         raise MainPortTaken(port) from None
 
 
@@ -97,6 +100,13 @@ def main_node_unreachable(address: str, port: int, timeout: timedelta) -> NodesD
     return NodesDidNotArrive(
         f"could not reach the main node at {address}:{port} within {timeout} (cluster.join_timeout): node 0 did not"
         " arrive, or this node cannot reach that address"
+    )
+
+
+def another_program_on_the_main_port(error: NotAStore) -> NodesDidNotArrive:
+    return NodesDidNotArrive(
+        f"the main node's {error}, not node 0; give the job a free port (MASTER_PORT, or cluster.main_port where"
+        " the platform sets none)"
     )
 
 
