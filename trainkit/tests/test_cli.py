@@ -3,12 +3,16 @@
 import os
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 import torch
 import yaml
+from lightning.pytorch.strategies import StrategyRegistry
 
-from trainkit.cli import DEFAULTS
+from trainkit.cli import DEFAULTS, use_timeouts_for_ddp
+from trainkit.cluster.settings import ClusterSettings
+from trainkit.strategies.ddp import WatchedDDPStrategy
 from trainkit.testing.configs import print_config
 
 from .helpers import PROJECT_ROOT, clean_env, quick_run_args, quick_trainer_args, run_train
@@ -185,3 +189,17 @@ def test_a_fresh_run_and_its_rerun_print_nothing_a_researcher_cannot_act_on(expe
             assert noise not in output, f"{run}: {noise!r} in\n{output[-3000:]}"
     said = [line for line in outputs["fresh"].splitlines() if line.startswith("no checkpoint in")]
     assert said == [f"no checkpoint in {tmp_path / 'run' / 'checkpoints'}: training from the start"], said
+
+
+def test_lightnings_names_for_ddp_keep_the_clusters_timeouts():
+    """ "ddp" (what "auto" picks for several processes) and the names that differ from it only in
+    find_unused_parameters, with the settings of the latest run in this process."""
+    use_timeouts_for_ddp(ClusterSettings(timeout=timedelta(seconds=20), join_timeout=timedelta(seconds=40)))
+    use_timeouts_for_ddp(ClusterSettings(timeout=timedelta(seconds=30), join_timeout=timedelta(seconds=50)))
+    for name, find_unused in [("ddp", False), ("ddp_find_unused_parameters_false", False),
+                              ("ddp_find_unused_parameters_true", True)]:  # fmt: skip
+        strategy = StrategyRegistry.get(name)
+        assert isinstance(strategy, WatchedDDPStrategy), name
+        assert (strategy._timeout, strategy.join_timeout) == (timedelta(seconds=30), timedelta(seconds=50)), name
+        assert strategy._ddp_kwargs.get("find_unused_parameters", False) is find_unused, name
+        assert strategy._start_method == "popen", name

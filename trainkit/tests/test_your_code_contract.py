@@ -1,7 +1,7 @@
 """The contract a project puts its own model and data through (trainkit.testing.contract), tried on pairs unlike the
 tests' tiny image classifier: a character language model on text files, a regression on a table that logs only
-`val_loss`, and Lightning's own demo model with loaders of its own (`--data null`). Then pairs broken on purpose,
-each failing in one line that names the problem."""
+`val_loss`, a GAN that optimizes by hand and draws noise in validation, and Lightning's own demo model with loaders
+of its own (`--data null`). Then pairs broken on purpose, each failing in one line that names the problem."""
 
 import subprocess
 import sys
@@ -28,6 +28,14 @@ class TestARegressionOnATable(YourCodeContract):
     project = PROJECT_ROOT
     args = (*EXPERIMENT, "--model", "tasks.regression.Regressor", "--data", "tasks.regression.Table",
             "--best_checkpoint.monitor", "val_loss")  # fmt: skip
+
+
+class TestAGANWithTwoOptimizersAndNoiseInValidation(YourCodeContract):
+    project = PROJECT_ROOT
+    # Each optimizer's step leaves the other network out of its loss: DDP must look for unused parameters.
+    args = (*EXPERIMENT, "--model", "tasks.gan.GAN", "--data", "tasks.gan.Ring",
+            "--best_checkpoint.monitor", "val/discriminator_loss",
+            "--trainer.strategy", "ddp_find_unused_parameters_true")  # fmt: skip
 
 
 class TestLightningsDemoModelWithLoadersOfItsOwn(YourCodeContract):

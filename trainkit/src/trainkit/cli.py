@@ -18,7 +18,7 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainkit.checkpoints.best import BestCheckpointSettings, add_best_checkpoint
@@ -206,18 +206,27 @@ def checked_store(settings: CheckpointStoreSettings, writable: bool) -> ObjectSt
     return store
 
 
+TIMEOUTS = ("timeout", "join_timeout")  # what use_timeouts_for_ddp sets in a registered strategy's arguments
+
+
 def use_timeouts_for_ddp(cluster: ClusterSettings) -> None:
-    # With several processes, strategy "auto" resolves to Lightning's registered "ddp" strategy;
-    # registering it with our timeouts makes a lost or missing process fail the job in minutes.
-    StrategyRegistry.register(
-        "ddp",
-        WatchedDDPStrategy,
-        description="DDP with cluster.timeout and cluster.join_timeout",
-        override=True,
-        start_method="popen",
-        timeout=cluster.timeout,
-        join_timeout=cluster.join_timeout,
-    )
+    # With several processes, strategy "auto" resolves to Lightning's registered "ddp" strategy; registering it
+    # with our timeouts and watch makes a lost or missing process fail the job in minutes. So do the names that
+    # differ from it only in find_unused_parameters (ddp_find_unused_parameters_true, as Lightning advises for
+    # GANs), which would otherwise drop them.
+    for name in StrategyRegistry.available_strategies():
+        registered = dict.get(StrategyRegistry, name)  # the registry's own get() builds the strategy
+        params = {key: value for key, value in registered["init_params"].items() if key not in TIMEOUTS}
+        if issubclass(registered["strategy"], DDPStrategy) and params.get("start_method") == "popen":
+            StrategyRegistry.register(
+                name,
+                WatchedDDPStrategy,
+                description=f"DDP {params} with cluster.timeout and cluster.join_timeout",
+                override=True,
+                **params,
+                timeout=cluster.timeout,
+                join_timeout=cluster.join_timeout,
+            )
 
 
 def _show_info_logs() -> None:

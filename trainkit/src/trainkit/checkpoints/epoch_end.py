@@ -15,7 +15,8 @@ gets two such points wrong, in ways that depend on the run's limit:
 The loop state of such a checkpoint is rewritten, when it is loaded, to that of the epoch once ended:
 the resumed run starts the next epoch, in that epoch's order, as an uninterrupted run does. What the
 epoch still had to do is skipped: its validation, when the checkpoint was saved before it (the
-weights are those it would have scored), and its end hooks. A checkpoint saved after the epoch's
+weights are those it would have scored; what validation draws at random never moves training's
+generators: checkpoints/rng_state.py), and its end hooks. A checkpoint saved after the epoch's
 validation and before its end (ModelCheckpoint with `val_check_interval` below 1, the preemption
 checkpoint during validation) Lightning resumes right: it is left as it is. The kit's
 tests/test_epoch_end_resume.py kills runs around epochs' ends, by epochs and by steps, with and

@@ -27,13 +27,20 @@ class RNGStateCheckpoint(Callback):
     them back when training starts, not when Lightning reads the checkpoint: it does that before it asks for
     the loaders and runs the sanity check, and what those draw (Lightning's own demo data draws its samples
     when its loader is made) must be what the first run drew.
+
+    Validation draws from a copy: the generators are put back as they were before it once it ends, and a
+    checkpoint saved during it keeps them as they were. What a model draws in validation (a generative model's
+    samples, its noise) so leaves training's draws as they are: a run resumed from a checkpoint saved before an
+    epoch's validation, which it does not run again (checkpoints/epoch_end.py), trains as an uninterrupted one,
+    and so does a run that validates more or less often.
     """
 
     def __init__(self) -> None:
         self._resumed: list[dict[str, Any]] | None = None
+        self._before_validation: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        state = current_state()
+        state = self._before_validation or current_state()
         if not (dist.is_available() and dist.is_initialized()):
             return {"ranks": [state]}
         # Every process saves a checkpoint together (Lightning's save_checkpoint is collective), so they can meet here.
@@ -46,6 +53,14 @@ class RNGStateCheckpoint(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resumed = state["ranks"] if "ranks" in state else [from_earlier_format(state)]
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._before_validation = current_state()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._before_validation is not None:
+            restore(self._before_validation)
+            self._before_validation = None
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._resumed is None:
