@@ -13,6 +13,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint
 
 from trainkit.checkpoints.agreement import Agreement
+from trainkit.checkpoints.steps import OptimizerSteps
 from trainkit.run.errors import ConfigError
 
 # The processes compare clocks after every 10th batch, so a save comes at most 20 batches late. After
@@ -29,7 +30,8 @@ class PeriodicCheckpoint(Checkpoint):
     everywhere; clocks do not, so the processes combine theirs (a max all-reduce of "time is up" on
     the CPU, checkpoints/agreement.py, that runs while the next CLOCK_BATCHES batches compute and is
     waited for after them): no process waits for another, or for a GPU, at any step but the one that
-    saves.
+    saves. With gradient accumulation a save that falls due waits for the batch that steps the optimizer
+    (checkpoints/steps.py).
     """
 
     def __init__(
@@ -47,27 +49,30 @@ class PeriodicCheckpoint(Checkpoint):
         self.dirpath = dirpath or "checkpoints"
         self.path = Path(self.dirpath, f"{filename}.ckpt")
         self._saved_at = time.monotonic()
-        self._saved_step = 0
         self._batches = 0  # trained since training started, counted alike by every process
         self._time_is_up = Agreement()  # 1 once any process found its time up
+        self._due = False  # the processes agreed that the time is up, and have not saved since
+        self._optimizer_steps = OptimizerSteps()
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._saved_at = time.monotonic()
-        self._saved_step = trainer.global_step  # a resumed run has this step saved already
         self._batches = 0
+        self._due = False
+        self._optimizer_steps.start(trainer)
         self._time_is_up.start(getattr(trainer.strategy, "_timeout", None))  # every process, at the same point
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
         if trainer.fast_dev_run:
             return  # it only tries the code: it never replaces a checkpoint the job resumes from
         self._batches += 1
+        stepped = self._optimizer_steps.stepped(trainer)
         if self.every_n_steps is not None:
-            due = trainer.global_step % self.every_n_steps == 0
-        else:
-            due = self._batches % CLOCK_BATCHES == 0 and self._agreed_time_is_up()
-        if due and trainer.global_step != self._saved_step:  # a step of several batches is saved once
+            self._due = trainer.global_step % self.every_n_steps == 0
+        elif self._batches % CLOCK_BATCHES == 0 and self._agreed_time_is_up():
+            self._due = True
+        if self._due and stepped:
             trainer.save_checkpoint(self.path, weights_only=False)  # said: Lightning logs its default otherwise
-            self._saved_at, self._saved_step = time.monotonic(), trainer.global_step
+            self._saved_at, self._due = time.monotonic(), False
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._time_is_up.finish()  # no collective left running when the job ends

@@ -20,6 +20,7 @@ from trainkit.checkpoints.agreement import Agreement
 from trainkit.checkpoints.disk import checkpoint_dirs, newest_checkpoint
 from trainkit.checkpoints.io import CheckpointNotWritten
 from trainkit.checkpoints.saving import wait_for_checkpoints
+from trainkit.checkpoints.steps import OptimizerSteps
 from trainkit.checkpoints.stored import CheckpointNotStored, StoredCheckpointIO
 from trainkit.run import stopping
 from trainkit.run.wandb_service import leave_wandb
@@ -51,6 +52,10 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
     validation skips the rest of it: the weights have not changed since the last step, the processes
     agree when validation ends, and the resumed run goes on training without that validation's
     scores. The checkpoint is deleted once a later run finishes training.
+
+    A step is an optimizer step: with gradient accumulation the processes agree, and stop, only after a
+    batch in which the optimizer stepped (checkpoints/steps.py), up to `accumulate_grad_batches` batches
+    after the signal.
     """
 
     def __init__(self, dirpath: str | None = None, filename: str = "preempted") -> None:
@@ -62,6 +67,8 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         self._steps = 0  # since the last agreement
         self._since = time.monotonic()  # when the last agreement was proposed
         self._step_us = 0  # this process's mean step between the last two agreements
+        self._optimizer_steps = OptimizerSteps()
+        self._mid_accumulation = False  # the last batch added to gradients no step has applied yet
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Every process, at the same point: the agreement may make the job's gloo group (a collective).
@@ -89,10 +96,14 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         # template repository). The kit's tests/test_speed.py checks that the method still exists.
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
         self._between, self._steps, self._since, self._step_us = 1, 0, time.monotonic(), 0
+        self._optimizer_steps.start(trainer)
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
-        self._steps += 1
         last = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        self._mid_accumulation = not self._optimizer_steps.stepped(trainer) and not last
+        if self._mid_accumulation:
+            return  # a checkpoint now would lose this batch's gradients
+        self._steps += 1
         if self._steps >= self._between or last:
             self._agree(trainer, at_once=last or not self._stop.shared)
 
@@ -102,8 +113,9 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Before the scores are computed. Processes may skip different parts of validation, so they
-        # agree here, where each arrives once, and not after every validation batch.
-        if _validating_while_training(trainer):
+        # agree here, where each arrives once, and not after every validation batch. Validation that comes
+        # in the middle of an accumulation leaves the stop to the step that ends it.
+        if _validating_while_training(trainer) and not self._mid_accumulation:
             self._agree(trainer, at_once=True)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
