@@ -3,14 +3,17 @@
 Checkpoints keep no gradients: one saved after a batch that only added to them would lose what the batches
 since the last step added, and a run resumed from it would train other weights (checkpoints/steps.py)."""
 
+import signal
+
 import pytest
 from lightning.pytorch import Callback, Trainer
 
 from trainkit.checkpoints.periodic import PeriodicCheckpoint
-from trainkit.testing.contract import YourCodeContract
+from trainkit.testing.contract import Run, YourCodeContract
+from trainkit.testing.runs import exit_code, load, wait_for
 from trainkit.testing.tiny import TinyClassifier, TinyDataModule
 
-from .helpers import PROJECT_ROOT
+from .helpers import PROJECT_ROOT, clean_env, run_train, start
 
 ACCUMULATE = 3
 
@@ -25,9 +28,30 @@ class Accumulating(YourCodeContract):
 
 @pytest.mark.parametrize("processes", [1, 2], ids=["1 process", "2 processes"])
 def test_sigterm_in_the_middle_of_an_accumulation_stops_at_its_step_and_resumes_bitwise(tmp_path, processes):
-    """The first SIGTERM is noted after the first epoch's last batch, so the next batch only accumulates: the
-    run stops two batches later, once the optimizer steps."""
+    """The drill's second SIGTERM comes as a platform's does, at any batch: mostly one that only accumulates,
+    after which the run goes on to the batch that steps."""
     Accumulating().drill(tmp_path, "--trainer.devices", str(processes))
+
+
+def test_sigterm_in_a_validation_in_the_middle_of_an_accumulation_stops_at_the_step_after_it(tmp_path):
+    """Validation after every 5th batch, steps of 3 batches: a SIGTERM during the first validation skips the
+    rest of it, and the run stops after batch 6, the step that ends that accumulation, not after batch 5."""
+    contract = Accumulating()
+    every_5th = ("--trainer.val_check_interval", "5")
+    whole = contract.fit(tmp_path / "uninterrupted", *every_5th)
+    assert whole.returncode == 0, whole.output[-4000:]
+    run_dir, marker, log = tmp_path / "interrupted", tmp_path / "validating", tmp_path / "interrupted.log"
+    command = ["fit", *contract.quick(run_dir, *every_5th)]
+    pace_validation = ["--trainer.callbacks+=trainkit.testing.pacing.PaceValidation",
+                       "--trainer.callbacks.marker", str(marker)]  # fmt: skip
+    job = start([*command, *pace_validation], clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)
+    assert exit_code(job, timeout=120, hang="SIGTERM did not end the run within 120 s") == 143, log.read_text()
+    assert load(run_dir / "checkpoints" / "preempted.ckpt")["global_step"] == 2
+    resumed = run_train(*command, env=clean_env(), timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert Run(run_dir, resumed.returncode, "").weights() == whole.weights()
 
 
 class RecordSaves(Callback):
