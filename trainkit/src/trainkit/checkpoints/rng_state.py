@@ -58,9 +58,8 @@ class RNGStateCheckpoint(Callback):
         self._before_validation = current_state()
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._before_validation is not None:
-            restore(self._before_validation)
-            self._before_validation = None
+        restore(self._before_validation)
+        self._before_validation = None
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._resumed is None:

@@ -17,13 +17,7 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import ParallelStrategy
 from torch.distributed import DistError, TCPStore
 
-from trainkit.cluster.roll_call import (
-    MainPortTaken,
-    NodesDidNotArrive,
-    another_program_on_the_main_port,
-    main_node_unreachable,
-)
-from trainkit.cluster.store_client import NotAStore, connect_to_store
+from trainkit.cluster.roll_call import MainPortTaken, NodesDidNotArrive, join_main_store
 
 POLL_SECONDS = 0.2
 
@@ -38,15 +32,13 @@ def wait_for_every_process(
     agents_address = (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")) == (address, str(port))
     agent_serves = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and agents_address
     serves = global_rank == 0 and not agent_serves
-    try:
-        if serves:
+    if serves:
+        try:
             store = TCPStore(address, port, is_master=True, multi_tenant=True, timeout=timeout, wait_for_workers=False)
-        else:
-            store = connect_to_store(address, port, timeout)
-    except DistError:
-        raise (MainPortTaken(port) if serves else main_node_unreachable(address, port, timeout)) from None
-    except NotAStore as error:
-        raise another_program_on_the_main_port(error) from None
+        except DistError:
+            raise MainPortTaken(port) from None
+    else:
+        store = join_main_store(address, port, timeout)
     # torchrun's agent keeps its store across restarts of the workers: each attempt checks in anew.
     prefix = f"trainkit/arrived/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     deadline = time.monotonic() + timeout.total_seconds()

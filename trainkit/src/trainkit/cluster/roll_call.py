@@ -79,12 +79,7 @@ def roll_call(
 def _open_store(address: str, port: int, is_main: bool, timeout: timedelta) -> TCPStore:
     """Node 0 serves the store (torch's process group reuses it: multi-tenant); the others connect to it."""
     if not is_main:
-        try:
-            return connect_to_store(address, port, timeout)
-        except DistNetworkError:
-            raise main_node_unreachable(address, port, timeout) from None
-        except NotAStore as error:
-            raise another_program_on_the_main_port(error) from None
+        return join_main_store(address, port, timeout)
     try:
         return TCPStore(address, port, is_master=True, multi_tenant=True, timeout=timeout, wait_for_workers=False)
     except DistNetworkError:
@@ -96,18 +91,20 @@ def _open_store(address: str, port: int, is_main: bool, timeout: timedelta) -> T
         raise MainPortTaken(port) from None
 
 
-def main_node_unreachable(address: str, port: int, timeout: timedelta) -> NodesDidNotArrive:
-    return NodesDidNotArrive(
-        f"could not reach the main node at {address}:{port} within {timeout} (cluster.join_timeout): node 0 did not"
-        " arrive, or this node cannot reach that address"
-    )
-
-
-def another_program_on_the_main_port(error: NotAStore) -> NodesDidNotArrive:
-    return NodesDidNotArrive(
-        f"the main node's {error}, not node 0; give the job a free port (MASTER_PORT, or cluster.main_port where"
-        " the platform sets none)"
-    )
+def join_main_store(address: str, port: int, timeout: timedelta) -> TCPStore:
+    """A client of the store node 0 serves; NodesDidNotArrive, saying why, when none answers within `timeout`."""
+    try:
+        return connect_to_store(address, port, timeout)
+    except DistNetworkError:
+        raise NodesDidNotArrive(
+            f"could not reach the main node at {address}:{port} within {timeout} (cluster.join_timeout): node 0 did"
+            " not arrive, or this node cannot reach that address"
+        ) from None
+    except NotAStore as error:
+        raise NodesDidNotArrive(
+            f"the main node's {error}, not node 0; give the job a free port (MASTER_PORT, or cluster.main_port where"
+            " the platform sets none)"
+        ) from None
 
 
 def _wait_for_every_node(store: TCPStore, num_nodes: int, address: str, port: int, timeout: timedelta) -> list[Answer]:
