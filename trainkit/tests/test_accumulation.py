@@ -19,11 +19,12 @@ ACCUMULATE = 3
 
 
 class Accumulating(YourCodeContract):
-    """The tests' experiment, each optimizer step taking 3 batches: 4 steps an epoch."""
+    """The tests' experiment, each optimizer step taking 3 batches: 8 steps an epoch, on 2 processes too."""
 
     project = PROJECT_ROOT
-    run_args = ("--config", "configs/experiment.yaml", "--trainer.accumulate_grad_batches", str(ACCUMULATE))
-    steps_per_epoch = 12  # batches, as the contract counts them
+    run_args = ("--config", "configs/experiment.yaml", "--trainer.accumulate_grad_batches", str(ACCUMULATE),
+                "--data.batch_size", "8")  # fmt: skip
+    steps_per_epoch = 24  # batches, as the contract counts them
 
 
 @pytest.mark.parametrize("processes", [1, 2], ids=["1 process", "2 processes"])

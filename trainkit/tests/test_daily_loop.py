@@ -1,6 +1,7 @@
 """Day-to-day use: composed configs, another logger, what a run records, predictions, log-friendly progress."""
 
 import csv
+import re
 import subprocess
 from importlib import metadata
 
@@ -99,9 +100,33 @@ def test_output_to_a_file_gets_log_lines_not_a_progress_bar(experiment, tmp_path
     assert args[-2:] == ["--trainer.enable_progress_bar", "false"]
     result = run_train("fit", *args[:-2], "--trainer.log_every_n_steps", "2")  # output captured: not a terminal
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "epoch 1/1 step 2/4 train/loss=" in result.stderr
+    assert re.search(r"^epoch 1/1 step 2/4 lr-Adam=0.0100 train/loss=\S+ \(", result.stderr, re.MULTILINE)
     assert "epoch 1/1 val/acc=" in result.stderr
     assert "it/s" not in result.stdout + result.stderr  # what Lightning's progress bars show
+
+
+def test_progress_and_the_best_checkpoint_follow_any_metric_names_and_several_validation_loaders(experiment, tmp_path):
+    # An endless stream, bounded by max_steps alone: no number of epochs or of batches to show.
+    run_dir = tmp_path / "run"
+    stream = ["--model", "tasks.sines.PhaseReader", "--data", "tasks.sines.Sines",
+              "--best_checkpoint.monitor", "val_mse/dataloader_idx_0",
+              "--trainer.max_epochs", "-1", "--trainer.max_steps", "8", "--trainer.limit_train_batches", "1.0",
+              "--trainer.val_check_interval", "4", "--trainer.log_every_n_steps", "2"]  # fmt: skip
+    result = run_train("fit", "--config", str(experiment), *quick_trainer_args(run_dir)[:-2], *stream)  # no bar
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("epoch ")]
+    training = [line for line in lines if "train_mse" in line]
+    assert [re.sub(r" lr-AdamW=\S+ train_mse=\S+ \(.*", "", line) for line in training] == [
+        f"epoch 1 step {step}" for step in (2, 4, 6, 8)
+    ], lines
+    validations = [line for line in lines if "val_mse" in line]
+    assert len(validations) == 2 and all(
+        re.fullmatch(r"epoch 1 val_mse/dataloader_idx_0=\S+ val_mse/dataloader_idx_1=\S+", line) for line in validations
+    ), lines
+    assert all("val_mse" not in line for line in training), lines
+    # Lightning keeps no metrics of a sanity check over several loaders: that is not a missing metric.
+    assert "best_checkpoint.monitor" not in result.stderr
+    assert len(list((run_dir / "checkpoints").glob("best-*.ckpt"))) == 1
 
 
 def test_predict_writes_what_any_model_returns(experiment, tmp_path):

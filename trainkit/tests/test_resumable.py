@@ -104,7 +104,7 @@ class Stream(IterableDataset):
 @pytest.mark.parametrize(
     ("loader", "reason"),
     [
-        (DataLoader(Stream(), batch_size=4), "reads an IterableDataset, which has no order to resume in"),
+        (DataLoader(Stream(), batch_size=4), "reads an IterableDataset and keeps no state"),
         (
             DataLoader(random_images(40), batch_size=4, sampler=[5, 0, 7, 2, 9, 1, 3, 4]),
             "uses a sampler of its own (list)",
@@ -118,7 +118,8 @@ def test_loaders_with_an_order_of_their_own_are_left_as_they_are_in_one_line(loa
         kept = fit(TrainLoaders(loader))
     assert kept.loader is loader
     assert [str(warning.message) for warning in said if "exact resume" in str(warning.message)] == [
-        f"exact resume: the training loader {reason}, so a resume mid-epoch starts the epoch over (docs/data.md)"
+        f"exact resume: the training loader {reason}, so a resume mid-epoch starts the epoch over"
+        ' (docs/data.md, "Which training loaders resume mid-epoch")'
     ]
 
 

@@ -62,7 +62,7 @@ class TestBrokenPair(YourCodeContract):
     [
         ("tasks.broken.BatchesOfItsOwn", "val_loss", "test_the_training_loader_resumes_mid_epoch",
          "exact resume: the training loader uses a batch sampler of its own (BatchSampler), so a resume mid-epoch"
-         " starts the epoch over (docs/data.md)"),
+         ' starts the epoch over (docs/data.md, "Which training loaders resume mid-epoch")'),
         ("tasks.regression.Table", "val/acc", "test_the_monitored_metric_is_one_the_model_logs",
          "best_checkpoint.monitor: validation logs val_loss, not 'val/acc': no best checkpoint is kept while it is"
          " missing (last.ckpt is). Set it to a metric the model logs, or null (configs/experiment.yaml)."),

@@ -18,7 +18,8 @@ class TestTheExperiment(YourCodeContract):
     @classmethod
     def prepare(cls, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
         digits = write_fake_mnist(tmp_path_factory.mktemp("mnist"))
-        return ("--data.data_dir", str(digits), "--data.download", "false")
+        # Batches of 32: 8 steps in each quick epoch on 2 processes too, so that the drills can stop mid-epoch.
+        return ("--data.data_dir", str(digits), "--data.download", "false", "--data.batch_size", "32")
 
 
 # Another model and data pair of yours: a class like the one above, its `args` adding

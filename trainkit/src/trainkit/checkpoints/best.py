@@ -49,14 +49,18 @@ class BestCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint of the best epoch by `monitor`, except that a metric the model does not log
     costs no training. Lightning's raises at the end of the first epoch, before last.ckpt is saved: the epoch is
     lost, and so is a restarted job's. This one says so once, after the sanity check's validation (before the
-    first training step), and keeps no best checkpoint while the metric is missing; the rest trains and saves."""
+    first training step) or else after the first validation, and keeps no best checkpoint while the metric is
+    missing; the rest trains and saves."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._said_missing = False
 
     def on_sanity_check_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.monitor is not None and self.monitor not in trainer.callback_metrics:
+        # With several validation loaders Lightning keeps none of the sanity check's metrics: the first
+        # validation tells instead.
+        several_loaders = len(trainer.num_sanity_val_batches) > 1
+        if self.monitor is not None and self.monitor not in trainer.callback_metrics and not several_loaders:
             self._say_missing(trainer.callback_metrics, "validation logs")
 
     def _save_topk_checkpoint(self, trainer: Trainer, monitor_candidates: dict[str, Tensor]) -> None:

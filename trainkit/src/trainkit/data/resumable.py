@@ -178,7 +178,7 @@ def not_resumable_because(loader: Any) -> str | None:
     if type(loader) is not DataLoader:
         return f"is a DataLoader subclass ({type(loader).__name__})"
     if isinstance(loader.dataset, IterableDataset):
-        return "reads an IterableDataset, which has no order to resume in"
+        return "reads an IterableDataset and keeps no state"
     if loader.batch_size is None:
         return f"uses a batch sampler of its own ({type(loader.batch_sampler).__name__})"
     if shuffles(loader) is None:
@@ -197,7 +197,7 @@ def resumable(loader: Any, trainer: Trainer) -> Any:
     reason = not_resumable_because(loader)
     if reason is not None:
         rank_zero_warn(f"exact resume: the training loader {reason}, so a resume mid-epoch starts the epoch over"
-                       " (docs/data.md)")  # fmt: skip
+                       ' (docs/data.md, "Which training loaders resume mid-epoch")')  # fmt: skip
         return loader
     shuffle = shuffles(loader)
     # Each process its own share, as Lightning's DistributedSampler would give it; with

@@ -12,6 +12,7 @@ processes. A failure names the broken guarantee and the reason in its first line
 """
 
 import json
+import re
 import signal
 import sys
 import warnings
@@ -31,9 +32,10 @@ from trainkit.testing.runs import clean_env, exit_code, paced, run_train, signal
 from trainkit.tracking.predictions import PredictionWriter
 
 # How the kit's own lines begin: a monitored metric the model does not log (checkpoints/best.py), a training
-# loader that cannot resume mid-epoch (data/resumable.py).
+# loader that cannot resume mid-epoch (data/resumable.py), a stop by SIGTERM (checkpoints/preemption.py).
 MONITOR_NOT_LOGGED = "best_checkpoint.monitor:"
 EXACT_RESUME = "exact resume:"
+PREEMPTION_SAVED = "SIGTERM: saved "
 # What each stage runs: the model's step, and the loader the data module (or the model) gives.
 STAGES = {
     "validate": ("validation_step", "val_dataloader"),
@@ -65,7 +67,7 @@ class Run:
 class YourCodeContract:
     project: Path
     args: tuple[str, ...] = ("--config", "configs/experiment.yaml")
-    steps_per_epoch: int = 6  # training steps of each quick epoch, per process
+    steps_per_epoch: int = 8  # training steps of each quick epoch, per process
     sharded_config: str = "configs/strategy/fsdp.yaml"
 
     run_args: tuple[str, ...]  # `args` and what `prepare` adds
@@ -198,7 +200,8 @@ class YourCodeContract:
             " give the tests a smaller batch size (`prepare`)"
         )
         run_dir, marker, log = tmp_path / "interrupted", tmp_path / "mid-epoch", tmp_path / "interrupted.log"
-        at_step = steps_per_epoch + steps_per_epoch // 2  # in the middle of the second epoch
+        # The second epoch's first step: processes stop together at a step a few steps after the signal.
+        at_step = steps_per_epoch + 1
         command = ["fit", *self.quick(run_dir, *extra), *paced(marker, at_step)]
         at_epoch_end = run_train(self.project, *command, *signal_at(steps_per_epoch), env=clean_env(), timeout=600)
         stopped = Run(run_dir, at_epoch_end.returncode, at_epoch_end.stdout + at_epoch_end.stderr)
@@ -213,6 +216,11 @@ class YourCodeContract:
         code = exit_code(job, timeout=120, hang="preemption: SIGTERM did not end the run within 120 s")
         interrupted = Run(run_dir, code, log.read_text())
         assert code == 143, f"preemption: SIGTERM ended the run with exit {code}, not 143: {why(interrupted)}"
+        stopped_at = stopped_step(interrupted)
+        assert stopped_at % steps_per_epoch, (
+            f"exact resume: not tried, as the SIGTERM after step {at_step} stopped the run at step {stopped_at}, the"
+            f" end of an epoch of {steps_per_epoch} steps: give the tests more steps per epoch (`steps_per_epoch`)"
+        )
 
         again = run_train(self.project, *command, env=clean_env(), timeout=600)
         rerun = Run(run_dir, again.returncode, again.stdout + again.stderr)
@@ -264,6 +272,13 @@ def evaluating(out_dir: Path) -> Trainer:
 def said_lines(run: Run, start: str) -> list[str]:
     """The lines of a run's output that say `start`, from there on (a warning's file and line are cut)."""
     return [line[line.index(start) :] for line in run.output.splitlines() if start in line]
+
+
+def stopped_step(run: Run) -> int:
+    """The step at which SIGTERM stopped a run, from the line the preemption checkpoint logs."""
+    said = said_lines(run, PREEMPTION_SAVED)
+    assert said, f"preemption: the run said nothing like {PREEMPTION_SAVED!r}: {why(run)}"
+    return int(re.search(r" at step (\d+)", said[0]).group(1))
 
 
 def why(run: Run) -> str:

@@ -1,10 +1,12 @@
 """Progress as plain log lines, for runs whose output goes to a file (clusters) instead of a terminal."""
 
 import logging
+import math
 import time
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import Tensor
 
 log = logging.getLogger(__name__)
 
@@ -14,7 +16,9 @@ class PlainProgress(Callback):
 
     The command line uses this instead of the progress bar when output is not a terminal,
     where a bar's redraws would fill the log file. Steps are counted over the whole run, as the
-    logger counts them, so each line shows the loss the logger records for that step.
+    logger counts them, so each line shows the loss the logger records for that step. Metrics go by
+    when they were logged, whatever their names: the validation line shows those validation logged,
+    the training lines the others.
     """
 
     def __init__(self, every_n_steps: int = 50) -> None:
@@ -22,6 +26,9 @@ class PlainProgress(Callback):
         # When, and after which optimizer step, the rate was last measured.
         self._since_time = time.monotonic()
         self._since_step = 0
+        self._validation_start = 0.0
+        self._before_validation: dict[str, Tensor] = {}
+        self._validation_names: set[str] = set()
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Validation is not training time.
@@ -35,19 +42,44 @@ class PlainProgress(Callback):
         now = time.monotonic()
         rate = (step - self._since_step) / (now - self._since_time)
         self._since_time, self._since_step = now, step
-        epoch = f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"
         step_in_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.completed + 1
-        where = f"{epoch} step {step_in_epoch}/{trainer.num_training_batches}"
-        log.info(f"{where} {_metrics(trainer, 'train/')} ({rate:.1f} steps/s)")
+        where = f"{_epoch(trainer)} step {step_in_epoch}{_out_of(trainer.num_training_batches)}"
+        training = {name: value for name, value in trainer.callback_metrics.items()
+                    if name not in self._validation_names}  # fmt: skip
+        log.info(f"{where} {_shown(training)} ({rate:.1f} steps/s)")
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._validation_start = time.monotonic()
+        self._before_validation = dict(trainer.callback_metrics)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.is_global_zero and not trainer.sanity_checking:
-            log.info(f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs} {_metrics(trainer, 'val/')}")
+        self._since_time += time.monotonic() - self._validation_start  # a validation mid-epoch is not training time
+        if not trainer.is_global_zero or trainer.sanity_checking:
+            return
+        # What validation logged is new, or replaced what was there before it.
+        logged = {name: value for name, value in trainer.callback_metrics.items()
+                  if self._before_validation.get(name) is not value}  # fmt: skip
+        self._validation_names.update(logged)
+        log.info(f"{_epoch(trainer)} {_shown(logged)}")
 
 
-def _metrics(trainer: Trainer, prefix: str) -> str:
+def _epoch(trainer: Trainer) -> str:
+    endless = trainer.max_epochs is None or trainer.max_epochs < 0  # a run bounded by max_steps or time
+    return f"epoch {trainer.current_epoch + 1}{'' if endless else _out_of(trainer.max_epochs)}"
+
+
+def _out_of(total: float) -> str:
+    return f"/{total}" if math.isfinite(total) else ""  # a loader of unknown length has an infinite total
+
+
+def _shown(metrics: dict[str, Tensor]) -> str:
+    """`name=value` of each single number, without the per-step and per-epoch copies of one logged both ways."""
     return " ".join(
         f"{name}={value.item():.4f}"
-        for name, value in sorted(trainer.callback_metrics.items())
-        if name.startswith(prefix) and not name.endswith("_epoch") and value.numel() == 1
+        for name, value in sorted(metrics.items())
+        if value.numel() == 1 and not _a_copy(name, metrics)
     )
+
+
+def _a_copy(name: str, metrics: dict[str, Tensor]) -> bool:
+    return any(name.endswith(suffix) and name.removesuffix(suffix) in metrics for suffix in ("_step", "_epoch"))
