@@ -155,9 +155,11 @@ def test_the_sweep_files_command_becomes_a_train_py_command():
     params = {"model.dropout": 0.1, "data.batch_size": 64}
     cmd = command(sweep, params, Path("runs/sweep/7"), ["--trainer.max_epochs", "1"])
     assert cmd[:5] == [sys.executable, "train.py", "fit", "--config", "configs/experiment.yaml"]
-    # Options after `--` come before the swept values; this run's directory comes after the file's default.
-    assert cmd[-5:] == [
+    # Options after `--` come before the swept values; this run's directory comes after the file's default,
+    # and the run keeps its best checkpoint by the sweep's metric, from which its score is read.
+    assert cmd[-7:] == [
         "--trainer.max_epochs", "1", "--trainer.default_root_dir=runs/sweep/7",
+        "--best_checkpoint.monitor=val/acc", "--best_checkpoint.mode=max",
         "--model.dropout=0.1", "--data.batch_size=64",
     ]  # fmt: skip
     assert cmd.index("--trainer.default_root_dir=runs/sweep") < cmd.index("--trainer.default_root_dir=runs/sweep/7")
@@ -228,7 +230,8 @@ def test_failed_runs_are_reported_and_the_sweep_goes_on(tmp_path, capfd, monkeyp
     assert main([str(sweep_file), "--root", "runs", "--", "--extra=1"]) == 1
     for number, code in ((1, 3), (2, 0)):
         argv = (tmp_path / "runs" / str(number) / "argv").read_text()
-        assert argv == f"--extra=1 --trainer.default_root_dir=runs/{number} --code={code} --score=0.5"
+        best = "--best_checkpoint.monitor=val/acc --best_checkpoint.mode=max"
+        assert argv == f"--extra=1 --trainer.default_root_dir=runs/{number} {best} --code={code} --score=0.5"
     out = capfd.readouterr().out
     assert "runs/1  failed (exit 3)  code=3 score=0.5" in out
     assert "runs/2  0.5000  code=0 score=0.5" in out
@@ -264,9 +267,11 @@ def test_sigterm_to_the_sweep_stops_the_running_trial_and_the_sweep_with_143(tmp
 def test_a_local_sweep_trains_each_run_with_its_drawn_values(experiment, tmp_path):
     """`python -m ...sweep <sweep file> --count 2` for real, offline, on the tiny model and data.
 
-    The sweep file is configs/sweep.yaml with the tiny experiment and parameters of the tiny model and data.
+    The sweep file is configs/sweep.yaml with the tiny experiment and parameters of the tiny model and data, and a
+    metric the experiment's best checkpoint does not follow (it follows val/acc, to be maximized).
     """
     sweep = yaml.safe_load(SWEEP_FILE.read_text())
+    sweep["metric"] = {"name": "val/loss", "goal": "minimize"}
     sweep["command"] = [str(experiment) if arg == "configs/experiment.yaml" else arg for arg in sweep["command"]]
     sweep["parameters"] = {
         "model.lr": {"distribution": "log_uniform_values", "min": 0.001, "max": 0.1},
@@ -293,12 +298,12 @@ def test_a_local_sweep_trains_each_run_with_its_drawn_values(experiment, tmp_pat
         assert (run_dir / "wandb").is_dir(), "each run logs (offline) into its own directory"
         for name, value in params.items():
             assert config_value(run_dir, name) == pytest.approx(value), name
-        score = best_score(run_dir, "val/acc")
-        assert score is not None and 0.0 <= score <= 1.0
+        score = best_score(run_dir, "val/loss")
+        assert score is not None and score > 0.0
         assert f"{run_dir}  {score:.4f}" in result.stdout
         scores.append(score)
-    best = max(range(2), key=lambda number: scores[number])
-    assert f"best: {root / str(best)}  val/acc={scores[best]:.4f}" in result.stdout
+    best = min(range(2), key=lambda number: scores[number])
+    assert f"best: {root / str(best)}  val/loss={scores[best]:.4f}" in result.stdout
 
 
 def config_value(run_dir: Path, name: str):

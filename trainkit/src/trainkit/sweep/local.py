@@ -5,7 +5,8 @@
 The same file drives `wandb sweep` + `wandb agent`. Here Optuna draws the parameters (`random`: its
 RandomSampler, `bayes`: its TPESampler, random for the first 10 trials; `grid`: every combination in
 order), each trial runs the sweep's command in its own `trainer.default_root_dir` (`<root>/<n>`), and
-its score is the best value of the sweep's metric, read from the run's `last.ckpt`. Options after `--`
+its score is the best value of the sweep's metric (its best checkpoint follows that metric), read from
+the run's `last.ckpt`. Options after `--`
 go to every trial. A SIGTERM or Ctrl-C stops the running trial as it stops train.py (a checkpoint,
 exit 143 or 130), then the sweep, with the same status.
 """
@@ -104,8 +105,14 @@ def trial_count(study: optuna.Study, count: int | None) -> int:
 
 
 def command(sweep: dict, params: dict[str, Any], run_dir: Path, extra: list[str]) -> list[str]:
-    """The sweep's `command` with its macros filled in as a wandb agent fills them, plus the run directory."""
+    """The sweep's `command` with its macros filled in as a wandb agent fills them, plus the run directory and,
+    where the sweep has a metric, a best checkpoint by it: the trial's score is read from that checkpoint's
+    callback, whatever metric the experiment's `best_checkpoint` follows."""
     args = [*extra, f"--trainer.default_root_dir={run_dir}"]
+    metric = sweep.get("metric", {})
+    if metric.get("name"):
+        mode = "max" if metric.get("goal") == "maximize" else "min"
+        args += [f"--best_checkpoint.monitor={metric['name']}", f"--best_checkpoint.mode={mode}"]
     args += [f"--{name}={value}" for name, value in params.items()]  # wandb writes the values with str()
     macros = {
         "${env}": [],  # the agent's `/usr/bin/env` only finds the interpreter: here it is sys.executable
