@@ -6,6 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
+from trainkit.chunks import datasets, facts
 from trainkit.data.streaming import StreamingImageDataModule, check_chunks
 from trainkit.run.errors import ConfigError
 from trainkit.testing.tiny import IMAGE_SIZE, TinyDataModule
@@ -13,6 +14,7 @@ from trainkit.testing.training_samples import recorded, sample_ids
 
 from .conftest import streaming_run_args
 from .helpers import run_train
+from .project.tasks.regression import Table
 
 
 def training_images(tiny_chunks) -> torch.Tensor:
@@ -97,3 +99,12 @@ def test_a_broken_chunk_folder_is_named_in_one_line(experiment, tiny_chunks, tmp
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and str(train) in errors[0], result.stderr[-3000:]
     assert "Traceback" not in result.stderr
+
+
+def test_data_chunks_cannot_hold_is_refused_in_one_line_naming_it():
+    table = Table()  # a regression's rows and values: no test split, and no images
+    with pytest.raises(ConfigError) as no_test:
+        datasets(table, ["train", "val", "test"])
+    assert str(no_test.value) == "Table defines no test_dataloader: convert the splits it has, --splits [train,val]"
+    with pytest.raises(ConfigError, match=r"^Table: train sample 0 is \(float32 tensor of shape \(4,\), .*chunks hold"):
+        facts(table, datasets(table, ["train", "val"]))

@@ -24,6 +24,7 @@ import torch
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms.v2.functional import to_pil_image
@@ -64,6 +65,11 @@ def datasets(data: LightningDataModule, splits: list[str]) -> dict[str, Dataset]
     unknown = [split for split in splits if split not in STAGES]
     if unknown or "train" not in splits:
         raise ConfigError(f"--splits must hold train and may hold val and test, got {splits}")
+    missing = [split for split in splits if not is_overridden(f"{split}_dataloader", data)]
+    if missing:
+        kept = ",".join(split for split in splits if split not in missing)
+        raise ConfigError(f"{type(data).__name__} defines no {missing[0]}_dataloader: convert the splits it has,"
+                          f" --splits [{kept}]")  # fmt: skip
     data.prepare_data()
     for stage in dict.fromkeys(STAGES[split] for split in splits):
         data.setup(stage)
