@@ -219,7 +219,8 @@ class YourCodeContract:
         stopped_at = stopped_step(interrupted)
         assert stopped_at % steps_per_epoch, (
             f"exact resume: not tried, as the SIGTERM after step {at_step} stopped the run at step {stopped_at}, the"
-            f" end of an epoch of {steps_per_epoch} steps: give the tests more steps per epoch (`steps_per_epoch`)"
+            f" end of an epoch of {steps_per_epoch} steps: give the tests more steps per epoch (a smaller batch size"
+            " in `prepare`, or a larger `steps_per_epoch`)"
         )
 
         again = run_train(self.project, *command, env=clean_env(), timeout=600)
