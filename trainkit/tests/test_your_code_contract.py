@@ -68,8 +68,13 @@ class TestBrokenPair(YourCodeContract):
          " missing (last.ckpt is). Set it to a metric the model logs, or null (configs/experiment.yaml)."),
         ("tasks.broken.RefusesItsRoot", "val_loss", "test_a_few_steps_train_validate_and_save_last_ckpt_every_epoch",
          "training: train.py fit ended with exit 2: error: data.root 'corpus' holds no table"),
+        ("tasks.broken.SetsUpOnlyForFit", "val_loss", "test_a_checkpoint_loads_back_to_the_same_validation",
+         "validate: Trainer.validate on last.ckpt raised AttributeError: 'SetsUpOnlyForFit' object has no attribute"
+         " 'val' (in SetsUpOnlyForFit.val_dataloader, tasks/regression.py:42): Lightning calls setup('validate')"
+         " before validate, and setup('fit') only before fit"),
     ],
-    ids=["a batch sampler of its own", "a monitored metric the model never logs", "ConfigError in __init__"],
+    ids=["a batch sampler of its own", "a monitored metric the model never logs", "ConfigError in __init__",
+         "data set up for fit only"],
 )  # fmt: skip
 def test_a_broken_pair_fails_one_test_in_one_line_naming_the_problem(tmp_path: Path, data, monitor, failing, line):
     args = (*EXPERIMENT, "--model", "tasks.regression.Regressor", "--data", data, "--best_checkpoint.monitor", monitor)

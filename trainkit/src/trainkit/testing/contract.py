@@ -15,6 +15,7 @@ import json
 import re
 import signal
 import sys
+import traceback
 import warnings
 from contextlib import chdir
 from dataclasses import dataclass
@@ -113,24 +114,20 @@ class YourCodeContract:
         results = []
         for each in (model, other):
             seed_everything(0)  # loaders that draw their samples draw the same ones
-            results.append(
-                evaluating(tmp_path).validate(each, datamodule=data, ckpt_path=fitted.last_ckpt, verbose=False)
-            )
+            results.append(self.evaluate("validate", each, data, fitted.last_ckpt, tmp_path, verbose=False))
         assert results[0] == results[1], (
             f"save and load: validating last.ckpt gives {results[0]} in one model and {results[1]} in another"
             " initialised otherwise: some of the model's state is not saved in its checkpoint (keep tensors in"
             " registered parameters or buffers)"
         )
 
-    @pytest.mark.parametrize("stage", list(STAGES))
-    def test_validate_test_and_predict_run_where_the_model_defines_them(
-        self, fitted: Run, tmp_path: Path, stage: str
-    ) -> None:
+    @pytest.mark.parametrize("stage", ["test", "predict"])  # validate: the test above
+    def test_test_and_predict_run_where_the_model_defines_them(self, fitted: Run, tmp_path: Path, stage: str) -> None:
         trained(fitted)
         model, data = self.build()
         if not defines(model, data, stage):
             pytest.skip(f"the model or data defines no {' or '.join(STAGES[stage])}")
-        getattr(evaluating(tmp_path), stage)(model, datamodule=data, ckpt_path=fitted.last_ckpt)
+        self.evaluate(stage, model, data, fitted.last_ckpt, tmp_path)
         if stage == "predict":
             assert len((tmp_path / "predictions.csv").read_text().splitlines()) > 1, "predict: no rows written"
 
@@ -183,6 +180,30 @@ class YourCodeContract:
                 args=[*self.run_args, "--trainer.logger", "false", *extra],
             )  # fmt: skip
         return built.model, built.datamodule
+
+    def evaluate(
+        self, stage: str, model: LightningModule, data: LightningDataModule | None, ckpt: Path, out_dir: Path, **kwargs
+    ) -> list | None:
+        """Two batches of `stage` (validate, test or predict) on the CPU from `ckpt`, predictions written to `out_dir`.
+        An error of the model or data fails the test in one line: the error, where, and for a loader a likely why."""
+        # Lightning asks for the callbacks that saved the checkpoint: what is evaluated here is the model's own.
+        warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
+        trainer = Trainer(
+            accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, limit_val_batches=2, limit_test_batches=2, limit_predict_batches=2,
+            callbacks=[PredictionWriter(str(out_dir))], default_root_dir=out_dir,
+        )  # fmt: skip
+        try:
+            return getattr(trainer, stage)(model, datamodule=data, ckpt_path=ckpt, **kwargs)
+        except Exception as error:
+            function, where = raised_in(error, self.project)
+            likely = ""
+            if function.endswith(f".{STAGES[stage][1]}"):  # the stage's loader: its data was never made
+                likely = f": Lightning calls setup('{stage}') before {stage}, and setup('fit') only before fit"
+            raise AssertionError(
+                f"{stage}: Trainer.{stage} on last.ckpt raised {type(error).__name__}: {error} (in {function},"
+                f" {where}){likely}"
+            ) from error
 
     def drill(self, tmp_path: Path, *extra: str) -> None:
         """SIGTERM at the first epoch's last step, then in the middle of the second epoch, each ending the run with
@@ -259,15 +280,15 @@ def defines(model: LightningModule, data: LightningDataModule | None, stage: str
     return is_overridden(step, model) and is_overridden(loader, data if data is not None else model)
 
 
-def evaluating(out_dir: Path) -> Trainer:
-    """A Trainer for two batches of validate, test or predict on the CPU, predictions written to `out_dir`."""
-    # Lightning asks for the callbacks that saved the checkpoint: what is evaluated here is the model's own.
-    warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
-    return Trainer(
-        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=2, limit_test_batches=2, limit_predict_batches=2,
-        callbacks=[PredictionWriter(str(out_dir))], default_root_dir=out_dir,
-    )  # fmt: skip
+def raised_in(error: Exception, project: Path) -> tuple[str, str]:
+    """The function (with its class) and the file:line where `error` was raised: in the project's code if it was."""
+    frames = list(traceback.walk_tb(error.__traceback__))
+    ours = [(frame, line) for frame, line in frames if Path(frame.f_code.co_filename).is_relative_to(project)]
+    frame, line = (ours or frames)[-1]
+    owner = frame.f_locals.get("self")
+    function = f"{type(owner).__name__}.{frame.f_code.co_name}" if owner is not None else frame.f_code.co_name
+    path = Path(frame.f_code.co_filename)
+    return function, f"{path.relative_to(project) if path.is_relative_to(project) else path}:{line}"
 
 
 def said_lines(run: Run, start: str) -> list[str]:

@@ -16,3 +16,11 @@ class BatchesOfItsOwn(Table):
 class RefusesItsRoot(Table):
     def __init__(self, root: str = "corpus") -> None:
         raise ConfigError(f"data.root {root!r} holds no table")
+
+
+class SetsUpOnlyForFit(Table):
+    """Validation data made for `fit` only: Lightning calls `setup("validate")` before `validate`."""
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            super().setup(stage)
