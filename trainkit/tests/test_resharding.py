@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch import Callback, LightningDataModule, Trainer
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from trainkit.data.resumable import ResumableData, ResumableSampler
+from trainkit.data.resumable import ResumableData, ResumableSampler, WeightedResumableSampler
 from trainkit.data.streaming import StreamingImageDataModule
 from trainkit.testing.tiny import TinyClassifier, TinyDataModule
 from trainkit.testing.training_samples import recorded, sample_ids
@@ -59,6 +59,32 @@ def test_the_rest_of_an_epoch_is_shared_out_once_over_any_number_of_processes(be
     assert set(resumed) == set(range(size)), "samples left out"
     # Twice only to give every process as many, as DistributedSampler does: never when the rest shares out evenly.
     assert sum(resumed.values()) - size == -(size - len(trained)) % after
+
+
+def weighted_samplers(processes: int, trained: int = 0, draws: int = 90) -> list[WeightedResumableSampler]:
+    """As `samplers`, drawing `draws` samples of 50 by weight, with replacement."""
+    weights = torch.linspace(0.1, 1.0, 50)
+    samplers = [WeightedResumableSampler(range(50), weights, draws, replacement=True, num_replicas=processes,
+                                         rank=rank, seed=7) for rank in range(processes)]  # fmt: skip
+    for sampler in samplers:
+        sampler.set_epoch(3)
+        sampler.resumed = (3, trained)
+    return samplers
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 3), (3, 1)])
+def test_the_rest_of_a_weighted_epoch_is_the_draws_not_trained_on_yet(before, after):
+    draws, batch_size, batches = 90, 4, 3
+    order = list(weighted_samplers(1)[0])
+    assert len(order) == draws
+    trained = [sample for sampler in weighted_samplers(before) for sample in list(sampler)[: batches * batch_size]]
+    assert sorted(trained) == sorted(order[: len(trained)]), "the processes' first batches: the order's start"
+    rest = weighted_samplers(after, trained=len(trained))
+    shares = [list(sampler) for sampler in rest]
+    assert {len(share) for share in shares} == {rest[0].batches_left(1, drop_last=False)}, "as many on every process"
+    # The draws left, and as DistributedSampler does, a few from the order's start to give every process as many.
+    again = -(draws - len(trained)) % after
+    assert sorted(sample for share in shares for sample in share) == sorted(order[len(trained) :] + order[:again])
 
 
 def test_an_epoch_goes_on_as_distributed_samplers_on_as_many_processes():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningDataModule, Trainer
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset, WeightedRandomSampler
 
 from trainkit.data.resumable import ResumableData, ResumableDataLoader, ResumableSampler
 from trainkit.testing.tiny import TinyClassifier
@@ -93,6 +93,17 @@ def test_a_shuffled_loader_takes_its_order_from_the_seed_and_the_epoch(monkeypat
     assert sampler.shuffle and sampler.seed == 7 and sampler.epoch == 0
     order = torch.randperm(40, generator=torch.Generator().manual_seed(7))  # DistributedSampler's, for epoch 0
     assert torch.equal(torch.cat([features for features, _ in kept.batches]), dataset.tensors[0][order[:8]])
+
+
+def test_a_weighted_loader_draws_from_its_weights_in_an_order_from_the_seed_and_the_epoch(monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    dataset, weights = random_images(40), torch.tensor([0.0, 1.0, 3.0, 0.5] * 10)
+    drawn = WeightedRandomSampler(weights, num_samples=24, replacement=True)
+    kept = fit(TrainLoaders(DataLoader(dataset, batch_size=4, sampler=drawn)), batches=1.0)
+    assert isinstance(kept.loader.sampler, ResumableSampler)
+    assert len(kept.batches) == len(kept.loader) == 6, "as many samples an epoch as the sampler draws"
+    order = torch.multinomial(weights, 24, replacement=True, generator=torch.Generator().manual_seed(7))  # epoch 0
+    assert torch.equal(torch.cat([features for features, _ in kept.batches]), dataset.tensors[0][order])
 
 
 class Stream(IterableDataset):

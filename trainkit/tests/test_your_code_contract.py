@@ -96,3 +96,14 @@ def test_the_sharded_drill_resumes_a_model_that_shards_to_the_same_weights(tmp_p
 
     ShardingPair.run_args = ShardingPair.args
     ShardingPair().test_sharded_on_2_processes_sigterm_then_the_same_command_trains_the_same_weights(tmp_path)
+
+
+@pytest.mark.drills
+def test_the_drill_resumes_a_weighted_sampler_to_the_same_weights(tmp_path: Path):
+    class WeightedPair(YourCodeContract):  # rows drawn by a WeightedRandomSampler, on 2 processes
+        project = PROJECT_ROOT
+        args = (*EXPERIMENT, "--model", "tasks.regression.Regressor", "--data", "tasks.regression.WeightedTable",
+                "--best_checkpoint.monitor", "val_loss")  # fmt: skip
+
+    WeightedPair.run_args = WeightedPair.args
+    WeightedPair().drill(tmp_path, "--trainer.devices", "2")

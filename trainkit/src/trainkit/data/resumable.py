@@ -15,8 +15,9 @@ cannot tell from the loader's length which batch is the last), and on how many p
 restarted on another number of processes goes on with the rest of the epoch, shared out over the
 processes it has now.
 
+A `WeightedRandomSampler` is rebuilt the same way: its draws, too, come from the seed and the epoch.
 Loaders over an IterableDataset (litdata's streaming loader among them) keep their own state, and
-loaders with a sampler of their own are left as they are.
+loaders with another sampler of their own are left as they are.
 """
 
 import functools
@@ -32,7 +33,15 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule, Tr
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
 from lightning_utilities.core.apply_func import apply_to_collection
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
+from torch import Tensor
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    WeightedRandomSampler,
+)
 
 
 def batches_trained(trainer: Trainer) -> int | None:
@@ -78,6 +87,7 @@ class ResumableSampler(DistributedSampler):
 
     def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int, shuffle: bool = True) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.size = len(dataset)  # the samples of an epoch's order
         self.resumed = (0, 0)  # the epoch a checkpoint ended in and how many samples of its order were trained on
 
     def trained_before(self) -> int:
@@ -88,10 +98,11 @@ class ResumableSampler(DistributedSampler):
     def order(self) -> list[int]:
         """The epoch's order of the whole dataset: DistributedSampler's."""
         if not self.shuffle:
-            return list(range(len(self.dataset)))
-        return torch.randperm(
-            len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch)
-        ).tolist()
+            return list(range(self.size))
+        return torch.randperm(self.size, generator=self.epochs_generator()).tolist()
+
+    def epochs_generator(self) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed + self.epoch)
 
     def __iter__(self) -> Iterator[int]:
         order = self.order()
@@ -102,8 +113,27 @@ class ResumableSampler(DistributedSampler):
 
     def batches_left(self, batch_size: int, drop_last: bool) -> int:
         """How many batches this process takes from the rest of the epoch."""
-        samples = math.ceil((len(self.dataset) - self.trained_before()) / self.num_replicas)
+        samples = math.ceil((self.size - self.trained_before()) / self.num_replicas)
         return samples // batch_size if drop_last else math.ceil(samples / batch_size)
+
+
+class WeightedResumableSampler(ResumableSampler):
+    """A WeightedRandomSampler's draws, made from the seed and the epoch alone and shared out as ResumableSampler's.
+
+    The epoch's order is `draws` indices drawn by `weights` (torch.multinomial, as WeightedRandomSampler draws).
+    """
+
+    def __init__(
+        self, dataset: Sized, weights: Tensor, draws: int, replacement: bool, num_replicas: int, rank: int, seed: int
+    ) -> None:
+        super().__init__(dataset, num_replicas, rank, seed=seed)
+        self.weights, self.replacement = weights, replacement
+        self.size = draws
+        self.num_samples = math.ceil(draws / num_replicas)  # DistributedSampler's length: this process's share
+        self.total_size = self.num_samples * num_replicas
+
+    def order(self) -> list[int]:
+        return torch.multinomial(self.weights, self.size, self.replacement, generator=self.epochs_generator()).tolist()
 
 
 class ResumableDataLoader(DataLoader):
@@ -148,7 +178,7 @@ class ResumableDataLoader(DataLoader):
             count_batches_from(self.trainer, self.first_batch())
             before, now = state.get("processes", self.processes()), self.processes()
             if before != now:
-                left = len(self.dataset) - samples
+                left = self.sampler.size - samples
                 say_resharded(before, now, left, again=-left % now)  # repeated to give every process as many
 
     def first_batch(self) -> int:
@@ -181,7 +211,7 @@ def not_resumable_because(loader: Any) -> str | None:
         return "reads an IterableDataset and keeps no state"
     if loader.batch_size is None:
         return f"uses a batch sampler of its own ({type(loader.batch_sampler).__name__})"
-    if shuffles(loader) is None:
+    if shuffles(loader) is None and type(loader.sampler) is not WeightedRandomSampler:
         return f"uses a sampler of its own ({type(loader.sampler).__name__})"
     return None
 
@@ -190,7 +220,7 @@ def resumable(loader: Any, trainer: Trainer) -> Any:
     """`loader` rebuilt as a ResumableDataLoader with every argument it was given, when it is an ordinary one.
 
     An ordinary one is a plain DataLoader over a map-style dataset that batches with `batch_size`
-    in a sequential or shuffled order (an IterableDataset's loader has neither order).
+    in a sequential, shuffled or weighted order (an IterableDataset's loader has none of them).
     """
     if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
         return loader  # it resumes itself, and Lightning saves its state (torchdata's, litdata's)
@@ -199,13 +229,18 @@ def resumable(loader: Any, trainer: Trainer) -> Any:
         rank_zero_warn(f"exact resume: the training loader {reason}, so a resume mid-epoch starts the epoch over"
                        ' (docs/data.md, "Which training loaders resume mid-epoch")')  # fmt: skip
         return loader
-    shuffle = shuffles(loader)
     # Each process its own share, as Lightning's DistributedSampler would give it; with
     # `use_distributed_sampler: false` the data module shares out the data itself.
     sharing = trainer._accelerator_connector.use_distributed_sampler and trainer.distributed_sampler_kwargs
     num_replicas, rank = (sharing["num_replicas"], sharing["rank"]) if sharing else (1, 0)
     seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # seed_everything's, as for Lightning's own sampler
-    sampler = ResumableSampler(loader.dataset, num_replicas, rank, seed=seed, shuffle=shuffle)
+    if type(loader.sampler) is WeightedRandomSampler:
+        drawn = loader.sampler
+        sampler = WeightedResumableSampler(
+            loader.dataset, drawn.weights, drawn.num_samples, drawn.replacement, num_replicas, rank, seed=seed
+        )
+    else:
+        sampler = ResumableSampler(loader.dataset, num_replicas, rank, seed=seed, shuffle=shuffles(loader))
     # Lightning's own way of re-creating a loader with another sampler, which keeps its other arguments.
     args, kwargs = _get_dataloader_init_args_and_kwargs(loader, sampler)
     return _reinstantiate_wrapped_cls(loader, *args, explicit_cls=ResumableDataLoader, trainer=trainer, **kwargs)

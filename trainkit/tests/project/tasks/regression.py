@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule, LightningModule
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset, random_split
+from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler, random_split
 
 from trainkit import ConfigError
 
@@ -40,6 +40,15 @@ class Table(LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val, batch_size=self.batch_size)
+
+
+class WeightedTable(Table):
+    """The table's rows drawn by weight, with replacement: the rarest prices (far from the mean) the most often."""
+
+    def train_dataloader(self) -> DataLoader:
+        targets = torch.stack([target for _, target in self.train])
+        sampler = WeightedRandomSampler(1 + targets.abs(), num_samples=len(self.train), replacement=True)
+        return DataLoader(self.train, batch_size=self.batch_size, sampler=sampler)
 
 
 class Regressor(LightningModule):
