@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import Callback, LightningDataModule, Trainer
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, WeightedRandomSampler
 
 from trainkit.data.resumable import ResumableData, ResumableDataLoader, ResumableSampler
@@ -44,13 +44,13 @@ class KeepBatches(Callback):
         self.batches.append(batch)
 
 
-def fit(data: LightningDataModule, batches: int | float = 2) -> KeepBatches:
+def fit(data: LightningDataModule, batches: int | float = 2, model: LightningModule | None = None) -> KeepBatches:
     """An epoch of training (its first `batches`) in this process, with the callback every run gets."""
     kept = KeepBatches()
     trainer = Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=batches, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       callbacks=[ResumableData(), kept])  # fmt: skip
-    trainer.fit(TinyClassifier(), data)
+    trainer.fit(model or TinyClassifier(), data)
     return kept
 
 
@@ -131,6 +131,24 @@ def test_loaders_with_an_order_of_their_own_are_left_as_they_are_in_one_line(loa
     assert [str(warning.message) for warning in said if "exact resume" in str(warning.message)] == [
         f"exact resume: the training loader {reason}, so a resume mid-epoch starts the epoch over"
         ' (docs/data.md, "Which training loaders resume mid-epoch")'
+    ]
+
+
+class TrainsOnEach(TinyClassifier):
+    def training_step(self, batches: dict, batch_idx: int) -> torch.Tensor:
+        return sum(super(TrainsOnEach, self).training_step(batch, batch_idx) for batch in batches.values())
+
+
+def test_several_training_loaders_are_left_as_they_are_in_one_line():
+    # Semi-supervised: Lightning combines the loaders, cycling the shorter one ("max_size_cycle").
+    loaders = {"labeled": DataLoader(random_images(16), batch_size=4, shuffle=True),
+               "unlabeled": DataLoader(random_images(40), batch_size=4, shuffle=True)}  # fmt: skip
+    with pytest.warns(UserWarning, match=r"^exact resume: the training loaders ") as said:
+        kept = fit(TrainLoaders(loaders), batches=1.0, model=TrainsOnEach())
+    assert kept.loader == loaders and len(kept.batches) == 10
+    assert [str(warning.message) for warning in said if "exact resume" in str(warning.message)] == [
+        "exact resume: the training loaders are 2, which Lightning combines, so a resume mid-epoch starts the epoch"
+        ' over (docs/data.md, "Which training loaders resume mid-epoch")'
     ]
 
 

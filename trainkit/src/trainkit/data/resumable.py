@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import CombinedLoader, rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
@@ -216,6 +216,24 @@ def not_resumable_because(loader: Any) -> str | None:
     return None
 
 
+def warn_not_resumable(reason: str) -> None:
+    rank_zero_warn(f"exact resume: the training {reason}, so a resume mid-epoch starts the epoch over"
+                   ' (docs/data.md, "Which training loaders resume mid-epoch")')  # fmt: skip
+
+
+def resumable_training(loaders: Any, trainer: Trainer) -> Any:
+    """The training loaders, each rebuilt by `resumable` where there is one; several are left as they are.
+
+    Lightning combines several loaders (a dict or a list of them) and cycles the shorter ones through
+    an epoch: each one's place is not the Trainer's count of the epoch's batches, which this file keeps.
+    """
+    leaves = CombinedLoader(loaders).flattened
+    if len(leaves) > 1 and not all(hasattr(leaf, "load_state_dict") for leaf in leaves):
+        warn_not_resumable(f"loaders are {len(leaves)}, which Lightning combines")
+        return apply_to_collection(loaders, DataLoader, with_own_generator)
+    return apply_to_collection(loaders, DataLoader, lambda loader: resumable(with_own_generator(loader), trainer))
+
+
 def resumable(loader: Any, trainer: Trainer) -> Any:
     """`loader` rebuilt as a ResumableDataLoader with every argument it was given, when it is an ordinary one.
 
@@ -226,8 +244,7 @@ def resumable(loader: Any, trainer: Trainer) -> Any:
         return loader  # it resumes itself, and Lightning saves its state (torchdata's, litdata's)
     reason = not_resumable_because(loader)
     if reason is not None:
-        rank_zero_warn(f"exact resume: the training loader {reason}, so a resume mid-epoch starts the epoch over"
-                       ' (docs/data.md, "Which training loaders resume mid-epoch")')  # fmt: skip
+        warn_not_resumable(f"loader {reason}")
         return loader
     # Each process its own share, as Lightning's DistributedSampler would give it; with
     # `use_distributed_sampler: false` the data module shares out the data itself.
@@ -263,7 +280,7 @@ class ResumableData(Callback):
 
     Lightning asks the data module for its loaders when a fit starts (and again with
     `reload_dataloaders_every_n_epochs`). During a fit, that request returns the training
-    loaders rebuilt by `resumable` and the validation loaders `with_own_generator`, before
+    loaders rebuilt by `resumable_training` and the validation loaders `with_own_generator`, before
     Lightning measures them or restores their state from a checkpoint.
     """
 
@@ -275,8 +292,8 @@ class ResumableData(Callback):
             return
         # Where Lightning asks for the loaders: the data module when there is one.
         self.source = trainer.datamodule if trainer.datamodule is not None else pl_module
-        self._replace("train_dataloader", lambda loader: resumable(with_own_generator(loader), trainer))
-        self._replace("val_dataloader", with_own_generator)
+        self._replace("train_dataloader", lambda loaders: resumable_training(loaders, trainer))
+        self._replace("val_dataloader", lambda loaders: apply_to_collection(loaders, DataLoader, with_own_generator))
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # A model that reads `trainer.estimated_stepping_batches` in configure_optimizers (for a learning-rate
@@ -289,12 +306,12 @@ class ResumableData(Callback):
             del self.source.train_dataloader, self.source.val_dataloader  # the data module's own methods again
             self.source = None
 
-    def _replace(self, hook: str, change: Callable[[DataLoader], DataLoader]) -> None:
+    def _replace(self, hook: str, change: Callable[[Any], Any]) -> None:
         requested: Callable[[], Any] = getattr(self.source, hook)
 
         # `wraps` lets Lightning still tell whether the data module defines the hook itself.
         @functools.wraps(requested)
         def changed() -> Any:
-            return apply_to_collection(requested(), DataLoader, change)
+            return change(requested())
 
         setattr(self.source, hook, changed)
