@@ -149,9 +149,11 @@ def test_predict_writes_what_any_model_returns(experiment, tmp_path):
         (torch.tensor([0.5, 0.25]), ["index", "prediction"], ["10", "0.5"]),
         ({"text": ["ab", "cd"], "logits": torch.ones(2, 3)}, ["index", "text", "logits"], ["10", "ab", "1.0 1.0 1.0"]),
         ({"loss": torch.tensor(0.5), "id": [7, 8]}, ["index", "loss", "id"], ["10", "0.5", "7"]),
+        ((torch.tensor([3, 1]), torch.tensor([0.9, 0.6])), ["index", "prediction_0", "prediction_1"],
+         ["10", "3", "0.9"]),
     ],
-    ids=["a tensor", "texts and logits", "a value for the whole batch"],
-)
+    ids=["a tensor", "texts and logits", "a value for the whole batch", "a tuple"],
+)  # fmt: skip
 def test_the_prediction_writer_writes_a_column_per_returned_value(tmp_path, returned, header, first_row):
     writer = PredictionWriter(str(tmp_path))
     trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
@@ -161,3 +163,9 @@ def test_the_prediction_writer_writes_a_column_per_returned_value(tmp_path, retu
     with (tmp_path / "predictions.csv").open() as file:
         rows = list(csv.reader(file))
     assert rows[0] == header and rows[1] == first_row and len(rows) == 3
+
+
+def test_the_prediction_writer_names_a_value_with_another_number_of_samples_than_the_batch(tmp_path):
+    writer = PredictionWriter(str(tmp_path))
+    with pytest.raises(ValueError, match=r"^predict_step returned 'scores' with 3 values for a batch of 2 samples"):
+        writer.write_on_batch_end(None, None, {"scores": torch.ones(3)}, [10, 11], None, 0, 0)
