@@ -26,10 +26,24 @@ def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(experimen
     assert (run_dir / "config.yaml").is_file()
     assert "[local] node_rank=0 local_rank=0 global_rank=0 world_size=1" in first.stderr
 
-    # The same command again (a restarted job) must not refuse because of the first run's files.
-    second = run_train("fit", *quick_run_args(experiment, run_dir), "--trainer.max_epochs", "2")
+    # The same command again (a restarted job) must not refuse because of the first run's files; one that trains
+    # longer, with another learning rate, is told what differs from the config that trained the checkpoint.
+    longer = ["--trainer.max_epochs", "2", "--model.lr", "0.05"]
+    second = run_train("fit", *quick_run_args(experiment, run_dir), *longer)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Restoring states from the checkpoint" in second.stdout + second.stderr
+    last = run_dir / "checkpoints" / "last.ckpt"
+    said = [line for line in second.stderr.splitlines() if line.startswith("resume: ")]
+    assert said == [f"resume: {last} was trained with another config: model.init_args.lr 0.05 (was 0.01),"
+                    " trainer.max_epochs 2 (was 1)"], second.stderr[-3000:]  # fmt: skip
+
+    # The same command once more: a run that has ended, nothing left to train.
+    third = run_train("fit", *quick_run_args(experiment, run_dir), *longer)
+    assert third.returncode == 0, third.stderr[-3000:]
+    said = [line for line in third.stderr.splitlines() if line.startswith("resume: ")]
+    assert said == [f"resume: {last} ended its run already, at epoch 2 of trainer.max_epochs 2: nothing is left"
+                    " to train. Raise trainer.max_epochs to train on, or start a new run in another directory"
+                    " (--trainer.default_root_dir)"], third.stderr[-3000:]  # fmt: skip
 
 
 def test_train_py_turns_the_garbage_collector_back_on_with_the_imports_frozen():

@@ -1,4 +1,4 @@
-"""A checkpoint that does not fit the run, refused in one line that says what to do.
+"""A checkpoint that does not fit the run, refused in one line that says what to do (and one that has ended, said).
 
 It happens when a run directory is reused: `ckpt_path: last` finds the old run's checkpoint. If the
 model changed shape since (another `model.hidden`, an edited network), torch would end the run with
@@ -11,6 +11,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
@@ -32,14 +33,35 @@ class RefuseCheckpointsThatDoNotFit(Callback):
             self.hook.remove()
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
         # Lightning refuses a fit resumed past max_epochs (the same condition) only after the set-up.
         epoch, max_epochs = checkpoint.get("epoch", 0), trainer.max_epochs
-        if trainer.state.fn == TrainerFn.FITTING and max_epochs not in (None, -1) and epoch > max_epochs:
+        if max_epochs not in (None, -1) and epoch > max_epochs:
             raise ConfigError(
                 f"checkpoint {trainer.ckpt_path} was written in epoch {epoch + 1}, past trainer.max_epochs"
                 f" {max_epochs}: raise trainer.max_epochs to train on from it, or start afresh in a new run"
                 " directory (--trainer.default_root_dir)"
             )
+        # A run that had ended: Lightning says only that max_epochs is reached, and training ends with exit 0.
+        ended = ended_at(checkpoint, max_epochs, trainer.max_steps)
+        if ended is not None:
+            where, limit = ended
+            rank_zero_info(
+                f"resume: {trainer.ckpt_path} ended its run already, at {where}: nothing is left to train. Raise"
+                f" {limit} to train on, or start a new run in another directory (--trainer.default_root_dir)"
+            )
+
+
+def ended_at(checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int) -> tuple[str, str] | None:
+    """Where a checkpoint's run reached this run's max_epochs or max_steps, and which of the two it reached."""
+    epochs = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+    epochs_done, step = epochs.get("processed", 0), checkpoint.get("global_step", 0)
+    if max_epochs not in (None, -1) and epochs_done >= max_epochs:
+        return f"epoch {epochs_done} of trainer.max_epochs {max_epochs}", "trainer.max_epochs"
+    if max_steps != -1 and step >= max_steps:
+        return f"step {step} of trainer.max_steps {max_steps}", "trainer.max_steps"
+    return None
 
 
 def refuse_if_it_does_not_fit(

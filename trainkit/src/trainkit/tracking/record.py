@@ -1,11 +1,14 @@
 """What a run records about itself: its resolved config, the code version and the cluster setup."""
 
+import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 
 from trainkit.checkpoints.provenance import KEY, collect_provenance
 
@@ -13,7 +16,8 @@ from trainkit.checkpoints.provenance import KEY, collect_provenance
 class SaveRunRecord(SaveConfigCallback):
     """Save the resolved config as `<default_root_dir>/config.yaml` (replacing an earlier run's), give the
     logger the run's provenance (checkpoints/provenance.py: the config, the git commit, versions, the cluster setup),
-    and put that provenance in every checkpoint the run saves."""
+    and put that provenance in every checkpoint the run saves. A fit that resumes from a checkpoint trained with
+    another config says what differs: the optimizer's state, its learning rate among it, comes from the checkpoint."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, save_to_log_dir=False, **kwargs)
@@ -36,3 +40,38 @@ class SaveRunRecord(SaveConfigCallback):
         # option): best and last, periodic.ckpt, preempted.ckpt, and trainer.save_checkpoint.
         if self.provenance is not None:
             checkpoint[KEY] = self.provenance
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        trained_with = checkpoint.get(KEY, {}).get("config")
+        if trainer.state.fn != TrainerFn.FITTING or self.provenance is None or trained_with is None:
+            return
+        changes = config_changes(yaml.safe_load(trained_with), yaml.safe_load(self.provenance["config"]))
+        if changes:
+            more = f" (and {len(changes) - 5} more)" if len(changes) > 5 else ""
+            rank_zero_info(
+                f"resume: {trainer.ckpt_path} was trained with another config: {', '.join(changes[:5])}{more}"
+            )
+
+
+def config_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """`key value (was value)` for each setting that differs, by dotted key in alphabetical order."""
+    before, now = flat(before), flat(now)
+    return [f"{key} {shown(now.get(key))} (was {shown(before.get(key))})"
+            for key in sorted(before.keys() | now.keys()) if before.get(key) != now.get(key)]  # fmt: skip
+
+
+def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as one level of dotted keys (lists, such as the callbacks, stay whole)."""
+    flattened: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flattened.update(flat(value, f"{prefix}{key}."))
+        else:
+            flattened[f"{prefix}{key}"] = value
+    return flattened
+
+
+def shown(value: Any) -> str:
+    text = value if isinstance(value, str | int | float) and not isinstance(value, bool) else json.dumps(value)
+    text = str(text)
+    return text if len(text) <= 60 else text[:57] + "..."
