@@ -1,7 +1,8 @@
 """The contract a project puts its own model and data through (trainkit.testing.contract), tried on pairs unlike the
-tests' tiny image classifier: a character language model on text files, a regression on a table that logs only
-`val_loss`, a GAN that optimizes by hand and draws noise in validation, and Lightning's own demo model with loaders
-of its own (`--data null`). Then pairs broken on purpose, each failing in one line that names the problem."""
+tests' tiny image classifier: a character language model on text files, a regression with batch norm on a table
+that logs only `val_loss`, a GAN that optimizes by hand and draws noise in validation, and Lightning's own demo
+model with loaders of its own (`--data null`). Then pairs broken on purpose, each failing in one line that names
+the problem."""
 
 import subprocess
 import sys
@@ -26,8 +27,9 @@ class TestACharacterLanguageModelOnTextFiles(YourCodeContract):
 
 class TestARegressionOnATable(YourCodeContract):
     project = PROJECT_ROOT
+    # Batch norm synchronised over the processes, as on GPUs (torch's SyncBatchNorm runs on GPUs only).
     args = (*EXPERIMENT, "--model", "tasks.regression.Regressor", "--data", "tasks.regression.Table",
-            "--best_checkpoint.monitor", "val_loss")  # fmt: skip
+            "--best_checkpoint.monitor", "val_loss", "--trainer.sync_batchnorm", "true")  # fmt: skip
 
 
 class TestAGANWithTwoOptimizersAndNoiseInValidation(YourCodeContract):

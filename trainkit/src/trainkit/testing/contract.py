@@ -154,6 +154,7 @@ class YourCodeContract:
         return [
             *self.run_args,
             "--trainer.accelerator", "cpu",
+            "--trainer.sync_batchnorm", "false",  # torch's SyncBatchNorm runs on GPUs only; batch norm stays
             "--trainer.max_epochs", "2",
             "--trainer.max_steps", "-1",
             "--trainer.limit_train_batches", str(self.steps_per_epoch),

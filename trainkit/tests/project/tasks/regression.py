@@ -55,7 +55,9 @@ class Regressor(LightningModule):
     def __init__(self, in_features: int, hidden: int = 32, lr: float = 1e-2) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.net = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.net = nn.Sequential(
+            nn.Linear(in_features, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, 1)
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x).squeeze(-1)
