@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import re
 import shutil
 import signal
 import stat
@@ -84,6 +85,28 @@ def test_a_checkpoint_that_holds_code_is_refused_not_resumed_from(one_epoch, exp
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-3000:]
         assert not proof.exists(), "resuming ran the checkpoint's code"
+
+
+def test_a_model_that_saves_what_a_resume_refuses_is_told_at_the_first_save(experiment, tmp_path):
+    run_dir = tmp_path / "run"
+    numpy_numbers = ["--model", "tasks.broken.KeepsNumpyNumbers", "--data", "tasks.regression.Table",
+                     "--best_checkpoint.monitor", "val_loss"]  # fmt: skip
+    first = run_train("fit", *full_epochs_args(experiment, run_dir, epochs=1), *numpy_numbers)
+    assert first.returncode == 0, first.stderr[-3000:]
+    advice = ("save numbers, texts and tensors (float(x) for a numpy number, str(p) for a Path), or allow its class"
+              " with torch.serialization.add_safe_globals")  # fmt: skip
+    told = [line for line in first.stderr.splitlines() if "a job resuming by itself refuses" in line]
+    assert len(told) == 1, first.stderr[-3000:]  # at the first save only
+    best = run_dir / "checkpoints" / "best-epoch=0-step=10.ckpt"
+    assert re.fullmatch(  # numpy's own module path differs between its versions
+        rf"checkpoint: {re.escape(str(best))} holds objects that a job resuming by itself refuses to load"
+        rf" \(numpy\.[a-z_.]*scalar, numpy\.dtype\), so a preempted run would not go on: {re.escape(advice)}",
+        told[0],
+    ), told[0]
+
+    again = run_train("fit", *full_epochs_args(experiment, run_dir, epochs=2), *numpy_numbers)
+    errors = [line for line in again.stderr.splitlines() if line.startswith("error:")]
+    assert again.returncode == 2 and len(errors) == 1 and advice in errors[0], again.stderr[-3000:]
 
 
 def test_a_checkpoint_saved_on_a_gpu_resumes_on_a_machine_without_one(one_epoch, experiment, tmp_path, monkeypatch):

@@ -21,6 +21,9 @@ from trainkit.checkpoints.saving import CheckpointSavingSettings, SaveTimes
 from trainkit.run.errors import ConfigError
 
 log = logging.getLogger(__package__)
+# What a model or callback that keeps other objects in its checkpoints can do, so that `weights_only` loads them.
+PLAIN_DATA = ("save numbers, texts and tensors (float(x) for a numpy number, str(p) for a Path), or allow its class"
+              " with torch.serialization.add_safe_globals")  # fmt: skip
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -35,6 +38,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     With `saving.asynchronous`, a save copies the checkpoint into CPU memory and returns; one
     background thread writes it, one checkpoint at a time. A write that failed is raised at the
     next save, by `wait_for_checkpoints()`, or when the run ends (teardown).
+
+    The run's first checkpoint is read back for objects that `weights_only` refuses (a numpy number
+    a model keeps): a job resuming by itself would stop there, so the run says so at once.
     """
 
     def __init__(self, saving: CheckpointSavingSettings | None = None) -> None:
@@ -42,6 +48,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.times = SaveTimes(self.saving.grace_seconds)
         self._writer: ThreadPoolExecutor | None = None
         self._writing: Future | None = None  # the write in flight, if any
+        self._checked = False  # whether a written checkpoint was read back for what weights_only refuses
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
@@ -100,6 +107,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if refusal is None:
                 raise  # not the disk: a bug, such as an object torch cannot save
             raise CheckpointNotWritten(path, refusal.strerror or str(refusal)) from error
+        if not self._checked:
+            self._checked = True
+            warn_if_refused_on_resume(path)
         self.written(path, int(checkpoint.get("global_step", 0)))
 
 
@@ -168,6 +178,16 @@ def os_error_behind(error: BaseException | None) -> OSError | None:
                 return found
         error = error.__cause__ or error.__context__
     return error
+
+
+def warn_if_refused_on_resume(path: Path) -> None:
+    """One line if `torch.load(path, weights_only=True)` would refuse the file (its pickle is read, not its tensors)."""
+    refused = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    if refused:
+        log.warning(
+            f"checkpoint: {path} holds objects that a job resuming by itself refuses to load ({', '.join(refused)}),"
+            f" so a preempted run would not go on: {PLAIN_DATA}"
+        )
 
 
 def refusal_reason(error: pickle.UnpicklingError) -> str:

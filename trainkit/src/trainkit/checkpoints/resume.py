@@ -37,7 +37,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from trainkit.checkpoints.disk import checkpoint_dirs
-from trainkit.checkpoints.io import refusal_reason
+from trainkit.checkpoints.io import PLAIN_DATA, refusal_reason
 from trainkit.checkpoints.sharded_format import COMMIT_MARKER, checkpoint_meta, is_sharded, sharded_damage
 from trainkit.checkpoints.stored import POINTER, StoredCheckpointIO, sha256_of, step_of, stored_versions
 from trainkit.run.errors import ConfigError
@@ -78,8 +78,8 @@ def newest_whole_checkpoint(directories: Iterable[Path]) -> Path | None:
             continue  # set aside meanwhile by another process of the job: it found it damaged too
         except pickle.UnpicklingError as error:
             raise ConfigError(
-                f"refused to resume from {path}: {refusal_reason(error)}; if you trust it, pass it as --ckpt_path"
-                " with --weights_only false"
+                f"refused to resume from {path}: {refusal_reason(error)}; {PLAIN_DATA}; to resume from this file"
+                " once, if you trust it, pass it as --ckpt_path with --weights_only false"
             ) from None
         if problem is None:
             return path
@@ -220,7 +220,8 @@ def _check(store: ObjectStore, name: str, downloaded: Path) -> None:
     try:
         problem = damage(downloaded)
     except pickle.UnpicklingError as error:
-        raise ConfigError(f"refused to resume from {store.where(name)}: {refusal_reason(error)}") from None
+        refused = refusal_reason(error)
+        raise ConfigError(f"refused to resume from {store.where(name)}: {refused}; {PLAIN_DATA}") from None
     if problem is not None:
         raise _Damaged(problem)
 

@@ -1,8 +1,9 @@
-"""Data modules broken on purpose: the contract must name each problem in one line."""
+"""Data modules and models broken on purpose: each problem must be named in one line."""
 
+import numpy as np
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-from tasks.regression import Table
+from tasks.regression import Regressor, Table
 from trainkit import ConfigError
 
 
@@ -24,3 +25,10 @@ class SetsUpOnlyForFit(Table):
     def setup(self, stage: str) -> None:
         if stage == "fit":
             super().setup(stage)
+
+
+class KeepsNumpyNumbers(Regressor):
+    """A model that keeps a numpy number in its checkpoints: a job resuming by itself refuses to load them."""
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["target_scale"] = np.float64(2.5)
