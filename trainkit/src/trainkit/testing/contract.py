@@ -25,6 +25,7 @@ from unittest.mock import patch
 import pytest
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer, seed_everything
 from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from trainkit.cli import ProjectCLI
@@ -150,7 +151,8 @@ class YourCodeContract:
     # ---- how
 
     def quick(self, run_dir: Path, *extra: str) -> list[str]:
-        """The project's args for two short epochs on the CPU, without a logger, each process reporting its weights."""
+        """The project's args for two short epochs on the CPU, each process reporting its weights. The project's own
+        logger logs: a model may call its API (`self.logger.experiment`) without checking that there is one."""
         return [
             *self.run_args,
             "--trainer.accelerator", "cpu",
@@ -162,14 +164,15 @@ class YourCodeContract:
             "--trainer.val_check_interval", "1.0",
             "--trainer.default_root_dir", str(run_dir),
             "--trainer.enable_progress_bar", "false",
-            "--trainer.logger", "false",
             *extra,
             "--trainer.callbacks+=trainkit.testing.rank_report.ReportRank",
             "--trainer.callbacks.out_dir", str(run_dir / "ranks"),
         ]  # fmt: skip
 
-    def fit(self, run_dir: Path, *extra: str) -> Run:
-        result = run_train(self.project, "fit", *self.quick(run_dir, *extra), env=clean_env(), timeout=600)
+    def fit(self, run_dir: Path, *extra: str, wandb_mode: str = "offline") -> Run:
+        """A quick run; wandb logs `offline` (the quick fit: what the model logs is written), or is `disabled`."""
+        env = clean_env(WANDB_MODE=wandb_mode)
+        result = run_train(self.project, "fit", *self.quick(run_dir, *extra), env=env, timeout=600)
         return Run(run_dir, result.returncode, result.stdout + result.stderr)
 
     def build(self, *extra: str) -> tuple[LightningModule, LightningDataModule | None]:
@@ -190,7 +193,7 @@ class YourCodeContract:
         # Lightning asks for the callbacks that saved the checkpoint: what is evaluated here is the model's own.
         warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
         trainer = Trainer(
-            accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            accelerator="cpu", devices=1, logger=DummyLogger(), enable_checkpointing=False, enable_progress_bar=False,
             enable_model_summary=False, limit_val_batches=2, limit_test_batches=2, limit_predict_batches=2,
             callbacks=[PredictionWriter(str(out_dir))], default_root_dir=out_dir,
         )  # fmt: skip
@@ -210,7 +213,7 @@ class YourCodeContract:
         """SIGTERM at the first epoch's last step, then in the middle of the second epoch, each ending the run with
         143, then the same command: the uninterrupted weights. A checkpoint of an epoch's last step is the one
         Lightning alone resumes wrong (checkpoints/epoch_end.py); the second stop is sent as a platform sends it."""
-        whole = self.fit(tmp_path / "uninterrupted", *extra)
+        whole = self.fit(tmp_path / "uninterrupted", *extra, wandb_mode="disabled")
         assert whole.returncode == 0, f"training: train.py fit ended with exit {whole.returncode}: {why(whole)}"
         processes = len(list((whole.dir / "ranks").glob("rank*.json")))
         digests = {whole.weights(rank) for rank in range(processes)}
@@ -225,14 +228,15 @@ class YourCodeContract:
         # The second epoch's first step: processes stop together at a step a few steps after the signal.
         at_step = steps_per_epoch + 1
         command = ["fit", *self.quick(run_dir, *extra), *paced(marker, at_step)]
-        at_epoch_end = run_train(self.project, *command, *signal_at(steps_per_epoch), env=clean_env(), timeout=600)
+        env = clean_env(WANDB_MODE="disabled")  # the model's logging calls run, and nothing is written
+        at_epoch_end = run_train(self.project, *command, *signal_at(steps_per_epoch), env=env, timeout=600)
         stopped = Run(run_dir, at_epoch_end.returncode, at_epoch_end.stdout + at_epoch_end.stderr)
         assert stopped.returncode == 143, (
             f"preemption: SIGTERM at step {steps_per_epoch}, the first epoch's last, ended the run with exit"
             f" {stopped.returncode}, not 143: {why(stopped)}"
         )
 
-        job = start_train(self.project, command, clean_env(), log)
+        job = start_train(self.project, command, env, log)
         wait_for(marker, job, log, timeout=300)
         job.send_signal(signal.SIGTERM)  # as a platform stops a node: to its first process
         code = exit_code(job, timeout=120, hang="preemption: SIGTERM did not end the run within 120 s")
@@ -245,7 +249,7 @@ class YourCodeContract:
             " in `prepare`, or a larger `steps_per_epoch`)"
         )
 
-        again = run_train(self.project, *command, env=clean_env(), timeout=600)
+        again = run_train(self.project, *command, env=env, timeout=600)
         rerun = Run(run_dir, again.returncode, again.stdout + again.stderr)
         assert rerun.returncode == 0, f"resume: the same command ended with exit {rerun.returncode}: {why(rerun)}"
         said = [line.removeprefix(EXACT_RESUME).strip() for run in (stopped, interrupted, rerun)

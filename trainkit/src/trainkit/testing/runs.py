@@ -56,7 +56,7 @@ def clean_env(**variables: str) -> dict[str, str]:
         for name, value in os.environ.items()
         if name not in CLUSTER_NAMES and not name.startswith(CLUSTER_PREFIXES)
     }
-    env.update(WANDB_MODE="offline", PYTHONUNBUFFERED="1", **variables)
+    env.update({"WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **variables})
     return env
 
 

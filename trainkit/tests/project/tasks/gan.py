@@ -1,10 +1,12 @@
 """A GAN on points of a ring: manual optimization with two optimizers, and noise drawn in every training and
-validation step (as generative models draw samples), for the kit's tests."""
+validation step (as generative models draw samples), logging a histogram of its samples with wandb's own API
+(`self.logger.experiment`, not checking for a logger), for the kit's tests."""
 
 import math
 
 import torch
 import torch.nn.functional as F
+import wandb
 from lightning.pytorch import LightningDataModule, LightningModule
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -60,6 +62,9 @@ class GAN(LightningModule):
 
     def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
         self.log("val/discriminator_loss", self.discriminator_loss(batch[0]), sync_dist=True)
+        if batch_idx == 0:  # what the generator draws, as many log samples: straight to the logger's own API
+            radii = self.fake(len(batch[0])).norm(dim=1)
+            self.logger.experiment.log({"val/generated_radius": wandb.Histogram(radii.detach().cpu().numpy())})
 
     def configure_optimizers(self) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
         networks = (self.generator, self.discriminator)
