@@ -46,6 +46,25 @@ def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(experimen
                     " (--trainer.default_root_dir)"], third.stderr[-3000:]  # fmt: skip
 
 
+def test_a_runs_saved_config_starts_a_new_run_in_another_directory(experiment, tmp_path):
+    # `--config runs/x/config.yaml` with another run directory: the same settings, a run of its own.
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert run_train("fit", *quick_run_args(experiment, first)).returncode == 0
+    before = {path: path.stat().st_mtime_ns for path in first.rglob("*") if path.is_file()}
+    again = run_train("fit", "--config", str(first / "config.yaml"), "--trainer.default_root_dir", str(second))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"no checkpoint in {second / 'checkpoints'}: training from the start" in again.stderr, again.stderr[-3000:]
+    assert (second / "checkpoints" / "last.ckpt").is_file() and (second / "wandb").is_dir()
+    run_ids = [(run / "checkpoints" / "wandb-run-id").read_text() for run in (first, second)]
+    assert run_ids[0] != run_ids[1], "the new run logs to the first run's wandb run"
+    assert {path: path.stat().st_mtime_ns for path in first.rglob("*") if path.is_file()} == before, "first changed"
+    texts = [(run / "config.yaml").read_text() for run in (first, second)]
+    assert str(first) not in texts[1], "a path of the first run in the second's config"
+    saved = [yaml.safe_load(text.replace(str(first), str(second))) for text in texts]
+    callbacks = [[callback["class_path"] for callback in config["trainer"].pop("callbacks")] for config in saved]
+    assert saved[0] == saved[1] and callbacks[0] == callbacks[1], "other settings than the first run's"
+
+
 def test_train_py_turns_the_garbage_collector_back_on_with_the_imports_frozen():
     # train.py pauses the collector while torch and Lightning import: training must not run without it.
     probe = "import gc, runpy; runpy.run_path('train.py'); print(gc.isenabled(), gc.get_freeze_count())"

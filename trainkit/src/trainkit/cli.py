@@ -118,6 +118,9 @@ class ProjectCLI(LightningCLI):
         add_best_checkpoint(config)
         leave_out_what_cannot_run(config)
         use_sweep_run_dir(config.trainer)
+        # What config.yaml keeps: not the directories and the wandb run id filled in below from this run's
+        # directory, or `--config runs/x/config.yaml` in another directory would write to, and resume, run x.
+        self.as_configured = config.clone()
         if self.subcommand == "fit":  # one job per run directory; test, validate and predict may run beside it
             lock_run_dir(config.trainer.default_root_dir or os.getcwd())
         put_outputs_under_root_dir(config.trainer)
@@ -172,6 +175,9 @@ class ProjectCLI(LightningCLI):
             callbacks=callbacks,
             **kwargs,
         )
+        for callback in trainer.callbacks:
+            if isinstance(callback, SaveRunRecord):
+                callback.config = self.as_configured
         if isinstance(platform.environment, NodeLevelEnvironment):
             platform.environment.call_the_roll(trainer.num_devices)  # every node here, each with as many devices
         if config.get("ckpt_path") == "last":
