@@ -182,7 +182,7 @@ def os_error_behind(error: BaseException | None) -> OSError | None:
 
 def warn_if_refused_on_resume(path: Path) -> None:
     """One line if `torch.load(path, weights_only=True)` would refuse the file (its pickle is read, not its tensors)."""
-    refused = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    refused = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))  # in no set order of its own
     if refused:
         log.warning(
             f"checkpoint: {path} holds objects that a job resuming by itself refuses to load ({', '.join(refused)}),"
