@@ -15,6 +15,7 @@ from trainkit.cli import DEFAULTS, use_timeouts_for_ddp
 from trainkit.cluster.settings import ClusterSettings
 from trainkit.strategies.ddp import WatchedDDPStrategy
 from trainkit.testing.configs import print_config
+from trainkit.tracking.record import config_changes
 
 from .helpers import PROJECT_ROOT, clean_env, quick_run_args, quick_trainer_args, run_train
 
@@ -241,3 +242,22 @@ def test_lightnings_names_for_ddp_keep_the_clusters_timeouts():
         assert (strategy._timeout, strategy.join_timeout) == (timedelta(seconds=30), timedelta(seconds=50)), name
         assert strategy._ddp_kwargs.get("find_unused_parameters", False) is find_unused, name
         assert strategy._start_method == "popen", name
+
+
+def test_a_callback_added_or_left_out_on_resume_is_named_once():
+    def config(*callbacks: dict) -> dict:
+        return {"trainer": {"max_epochs": 2, "callbacks": list(callbacks)}, "model": {"init_args": {"lr": 0.01}}}
+
+    periodic = {"class_path": "trainkit.checkpoints.periodic.PeriodicCheckpoint", "init_args": {"every_n_steps": 3}}
+    finder = {"class_path": "lightning.pytorch.callbacks.LearningRateFinder", "init_args": {"num_training_steps": 5}}
+    model_checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"every_n_epochs": 1}}
+    every_2 = {**model_checkpoint, "init_args": {"every_n_epochs": 2}}
+    before = config(model_checkpoint, periodic, finder)
+    now = config(model_checkpoint, every_2, {**periodic, "init_args": {"every_n_steps": 5}})
+    assert config_changes(before, now) == [
+        "trainer.callbacks.LearningRateFinder left out",
+        "trainer.callbacks.ModelCheckpoint[2] added",
+        "trainer.callbacks.PeriodicCheckpoint.init_args.every_n_steps 5 (was 3)",
+    ]
+    assert config_changes(now, before)[0] == "trainer.callbacks.LearningRateFinder added"
+    assert config_changes(before, before) == []

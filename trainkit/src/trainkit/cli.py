@@ -40,6 +40,7 @@ from trainkit.checkpoints.stored import (
     StoredCheckpointIO,
     keep_run_id_in_store,
 )
+from trainkit.checkpoints.tuners import ResumeWhatTunersFound
 from trainkit.cluster.node_level import NodeLevelEnvironment
 from trainkit.cluster.platforms import detect_platform, platform_of
 from trainkit.cluster.process_counts import devices_per_node, num_nodes
@@ -160,6 +161,7 @@ class ProjectCLI(LightningCLI):
             ExplainDistributedFailure(config.cluster.timeout),
             RefuseCheckpointsThatDoNotFit(),
             ResumeFinishedEpochs(),  # Lightning resumes a checkpoint from just after an epoch's last batch wrongly
+            ResumeWhatTunersFound(),  # Lightning's tuners would start a resumed fit's counts over
             CheckCheckpointDisk(),  # room for a checkpoint before training; a failed write ends the job
             CheckThisMachine(),  # a compiler for a compiled model, /dev/shm enough (run/machine.py)
             ResumableData(),  # ordinary DataLoaders resume exactly, mid-epoch too (data/resumable.py)

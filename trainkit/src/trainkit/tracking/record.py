@@ -54,21 +54,42 @@ class SaveRunRecord(SaveConfigCallback):
 
 
 def config_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """`key value (was value)` for each setting that differs, by dotted key in alphabetical order."""
+    """`key value (was value)` for each setting that differs, by dotted key in alphabetical order; a callback (or any
+    class in a list) that only one has is `added` or `left out` as a whole."""
     before, now = flat(before), flat(now)
-    return [f"{key} {shown(now.get(key))} (was {shown(before.get(key))})"
-            for key in sorted(before.keys() | now.keys()) if before.get(key) != now.get(key)]  # fmt: skip
+    # A class only one has: one entry for it, not one for each of its settings.
+    whole = {
+        key.removesuffix("class_path"): key in now for key in before.keys() ^ now.keys() if key.endswith(".class_path")
+    }
+    changes = [f"{prefix[:-1]} {'added' if added else 'left out'}" for prefix, added in whole.items()]
+    for key in before.keys() | now.keys():
+        if before.get(key) != now.get(key) and not key.startswith(tuple(whole)):
+            changes.append(f"{key} {shown(now.get(key))} (was {shown(before.get(key))})")
+    return sorted(changes)
 
 
 def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested config as one level of dotted keys (lists, such as the callbacks, stay whole)."""
+    """A nested config as one level of dotted keys. A list of classes, such as the callbacks, is keyed by their
+    names (`trainer.callbacks.ModelCheckpoint.init_args.every_n_epochs`); other lists stay whole."""
     flattened: dict[str, Any] = {}
     for key, value in config.items():
+        if isinstance(value, list) and value and all(isinstance(item, dict) and "class_path" in item for item in value):
+            value = by_class_name(value)
         if isinstance(value, dict) and value:
             flattened.update(flat(value, f"{prefix}{key}."))
         else:
             flattened[f"{prefix}{key}"] = value
     return flattened
+
+
+def by_class_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Classes by their names, the second of a name as `Name[2]`, and so on."""
+    named: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name = item["class_path"].rsplit(".", 1)[-1]
+        count = sum(key.split("[")[0] == name for key in named)
+        named[name if count == 0 else f"{name}[{count + 1}]"] = item
+    return named
 
 
 def shown(value: Any) -> str:
