@@ -8,7 +8,7 @@ pytestmark = pytest.mark.slow
 
 LOGGER_OFF = "trainer.logger is off: leaving out LearningRateMonitor"
 CHECKPOINTING_OFF = (
-    "trainer.enable_checkpointing is false: leaving out BestCheckpoint, ModelCheckpoint, PreemptionCheckpoint,"
+    "trainer.enable_checkpointing is false: leaving out BestCheckpoint, LastCheckpoint, PreemptionCheckpoint,"
     " PeriodicCheckpoint; starting afresh instead of resuming (ckpt_path: last)"
 )
 

@@ -1,13 +1,15 @@
 """A regression model on a table (a CSV file): a task unlike image classification, for the kit's tests.
 
-It logs `val_loss` only, as many Lightning examples do."""
+It logs `val_loss` only, and keeps its own checkpoints of it and stops early by it (`configure_callbacks`), as many
+Lightning examples do."""
 
 import csv
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import Callback, LightningDataModule, LightningModule
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler, random_split
 
@@ -72,3 +74,6 @@ class Regressor(LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+
+    def configure_callbacks(self) -> list[Callback]:
+        return [ModelCheckpoint(monitor="val_loss", filename="lowest-{epoch}"), EarlyStopping("val_loss", patience=5)]
