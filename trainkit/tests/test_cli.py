@@ -48,6 +48,26 @@ def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(experimen
                     " (--trainer.default_root_dir)"], third.stderr[-3000:]  # fmt: skip
 
 
+def test_a_run_that_early_stopping_ended_trains_nothing_more_when_run_again(experiment, tmp_path):
+    # val/acc can never improve by 0.5 twice: the run stops after its second epoch, long before max_epochs.
+    run_dir, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"
+    stop_early = ["--trainer.max_epochs", "10", "--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor",
+                  "val/acc", "--trainer.callbacks.mode", "max", "--trainer.callbacks.patience", "1",
+                  "--trainer.callbacks.min_delta", "0.5"]  # fmt: skip
+    first = run_train("fit", *quick_run_args(experiment, run_dir), *stop_early)
+    assert first.returncode == 0, first.stderr[-3000:]
+    stopped = torch.load(last, weights_only=True)["global_step"]
+    assert stopped < 10 * 4  # 4 steps an epoch
+
+    again = run_train("fit", *quick_run_args(experiment, run_dir), *stop_early)
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = [line for line in again.stderr.splitlines() if line.startswith("resume: ")]
+    assert said == [f"resume: {last} ended its run already: EarlyStopping stopped it, val/acc no longer improving;"
+                    " nothing is left to train. Leave EarlyStopping out to train on, or start a new run in another"
+                    " directory (--trainer.default_root_dir)"], again.stderr[-3000:]  # fmt: skip
+    assert torch.load(last, weights_only=True)["global_step"] == stopped  # Lightning alone trained another epoch
+
+
 def test_a_runs_saved_config_starts_a_new_run_in_another_directory(experiment, tmp_path):
     # `--config runs/x/config.yaml` with another run directory: the same settings, a run of its own.
     first, second = tmp_path / "first", tmp_path / "second"

@@ -1,5 +1,8 @@
 """A checkpoint that does not fit the run, refused in one line that says what to do (and one that has ended, said).
 
+A run that EarlyStopping had stopped trains nothing more when resumed: Lightning would train another epoch on each
+rerun of the same command, until the next validation stopped it again.
+
 It happens when a run directory is reused: `ckpt_path: last` finds the old run's checkpoint. If the
 model changed shape since (another `model.hidden`, an edited network), torch would end the run with
 a traceback listing every mismatched tensor; if the old run trained past this run's `max_epochs`,
@@ -10,6 +13,7 @@ from functools import partial
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
@@ -51,6 +55,15 @@ class RefuseCheckpointsThatDoNotFit(Callback):
                 f"resume: {trainer.ckpt_path} ended its run already, at {where}: nothing is left to train. Raise"
                 f" {limit} to train on, or start a new run in another directory (--trainer.default_root_dir)"
             )
+            return
+        stopper = stopped_early(trainer, checkpoint)
+        if stopper is not None:
+            trainer.should_stop = True  # before the first epoch: Lightning resets it only when fit is called
+            rank_zero_info(
+                f"resume: {trainer.ckpt_path} ended its run already: EarlyStopping stopped it, {stopper.monitor}"
+                " no longer improving; nothing is left to train. Leave EarlyStopping out to train on, or start a"
+                " new run in another directory (--trainer.default_root_dir)"
+            )
 
 
 def ended_at(checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int) -> tuple[str, str] | None:
@@ -61,6 +74,17 @@ def ended_at(checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int)
         return f"epoch {epochs_done} of trainer.max_epochs {max_epochs}", "trainer.max_epochs"
     if max_steps != -1 and step >= max_steps:
         return f"step {step} of trainer.max_steps {max_steps}", "trainer.max_steps"
+    return None
+
+
+def stopped_early(trainer: Trainer, checkpoint: dict[str, Any]) -> EarlyStopping | None:
+    """The run's EarlyStopping whose state in `checkpoint` had stopped training, if any."""
+    states = checkpoint.get("callbacks", {})
+    for callback in trainer.callbacks:
+        if isinstance(callback, EarlyStopping) and callback.state_key in states:
+            state = states[callback.state_key]
+            if state.get("stopped_epoch", 0) > 0 or state.get("wait_count", 0) >= state.get("patience", 1):
+                return callback
     return None
 
 
