@@ -35,17 +35,19 @@ def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(experimen
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Restoring states from the checkpoint" in second.stdout + second.stderr
     last = run_dir / "checkpoints" / "last.ckpt"
-    said = [line for line in second.stderr.splitlines() if line.startswith("resume: ")]
-    assert said == [f"resume: {last} was trained with another config: model.init_args.lr 0.05 (was 0.01),"
-                    " trainer.max_epochs 2 (was 1)"], second.stderr[-3000:]  # fmt: skip
+    assert resume_lines(second) == [f"resume: {last} was trained with another config: model.init_args.lr 0.05"
+                                    " (was 0.01), trainer.max_epochs 2 (was 1)"], second.stderr[-3000:]  # fmt: skip
 
     # The same command once more: a run that has ended, nothing left to train.
     third = run_train("fit", *quick_run_args(experiment, run_dir), *longer)
     assert third.returncode == 0, third.stderr[-3000:]
-    said = [line for line in third.stderr.splitlines() if line.startswith("resume: ")]
-    assert said == [f"resume: {last} ended its run already, at epoch 2 of trainer.max_epochs 2: nothing is left"
-                    " to train. Raise trainer.max_epochs to train on, or start a new run in another directory"
-                    " (--trainer.default_root_dir)"], third.stderr[-3000:]  # fmt: skip
+    assert resume_lines(third) == [f"resume: {last} ended its run already, at epoch 2 of trainer.max_epochs 2:"
+                                   " nothing is left to train. Raise trainer.max_epochs to train on, or start a new"
+                                   " run in another directory (--trainer.default_root_dir)"], third.stderr  # fmt: skip
+
+
+def resume_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("resume: ")]
 
 
 def test_a_run_that_early_stopping_ended_trains_nothing_more_when_run_again(experiment, tmp_path):
@@ -61,10 +63,10 @@ def test_a_run_that_early_stopping_ended_trains_nothing_more_when_run_again(expe
 
     again = run_train("fit", *quick_run_args(experiment, run_dir), *stop_early)
     assert again.returncode == 0, again.stderr[-3000:]
-    said = [line for line in again.stderr.splitlines() if line.startswith("resume: ")]
-    assert said == [f"resume: {last} ended its run already: EarlyStopping stopped it, val/acc no longer improving;"
-                    " nothing is left to train. Leave EarlyStopping out to train on, or start a new run in another"
-                    " directory (--trainer.default_root_dir)"], again.stderr[-3000:]  # fmt: skip
+    assert resume_lines(again) == [f"resume: {last} ended its run already: EarlyStopping stopped it, val/acc no"
+                                   " longer improving; nothing is left to train. Leave EarlyStopping out to train on,"
+                                   " or start a new run in another directory"
+                                   " (--trainer.default_root_dir)"], again.stderr[-3000:]  # fmt: skip
     assert torch.load(last, weights_only=True)["global_step"] == stopped  # Lightning alone trained another epoch
 
 
