@@ -24,6 +24,7 @@ EVERYDAY_FLAGS = {
     "gradient accumulation": ["--trainer.accumulate_grad_batches", "2"],
     "profiler": ["--trainer.profiler", "simple"],
     "no progress bar": ["--trainer.enable_progress_bar", "false"],
+    "a progress bar of one's own": ["--trainer.callbacks+=TQDMProgressBar", "--trainer.callbacks.refresh_rate", "10"],
     "data loader workers": ["--data.num_workers", "2"],
     "overfit a few batches": ["--trainer.overfit_batches", "2"],
     "no resume": ["--ckpt_path", "null"],

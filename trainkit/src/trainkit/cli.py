@@ -17,6 +17,7 @@ from jsonargparse import ArgumentError
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -166,8 +167,9 @@ class ProjectCLI(LightningCLI):
             CheckThisMachine(),  # a compiler for a compiled model, /dev/shm enough (run/machine.py)
             ResumableData(),  # ordinary DataLoaders resume exactly, mid-epoch too (data/resumable.py)
         ]
-        if config.trainer.enable_progress_bar is None and not sys.stdout.isatty():
-            # Output goes to a file (a cluster job): log lines instead of a redrawn bar.
+        own_bar = any(isinstance(callback, ProgressBar) for callback in configured(config.trainer.callbacks))
+        if config.trainer.enable_progress_bar is None and not sys.stdout.isatty() and not own_bar:
+            # Output goes to a file (a cluster job): log lines instead of a redrawn bar, unless one is configured.
             kwargs["enable_progress_bar"] = False
             callbacks.append(PlainProgress(config.trainer.log_every_n_steps or 50))
         trainer = super().instantiate_trainer(
