@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset, WeightedRandomSampler
+from torch.utils.data import DataLoader, IterableDataset, SubsetRandomSampler, TensorDataset, WeightedRandomSampler
 
 from trainkit.data.resumable import ResumableData, ResumableDataLoader, ResumableSampler
 from trainkit.testing.tiny import TinyClassifier
@@ -103,6 +103,16 @@ def test_a_weighted_loader_draws_from_its_weights_in_an_order_from_the_seed_and_
     assert isinstance(kept.loader.sampler, ResumableSampler)
     assert len(kept.batches) == len(kept.loader) == 6, "as many samples an epoch as the sampler draws"
     order = torch.multinomial(weights, 24, replacement=True, generator=torch.Generator().manual_seed(7))  # epoch 0
+    assert torch.equal(torch.cat([features for features, _ in kept.batches]), dataset.tensors[0][order])
+
+
+def test_a_subset_loader_orders_its_indices_only_from_the_seed_and_the_epoch(monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    dataset, split = random_images(40), list(range(10, 30))  # the training split of one dataset by indices
+    kept = fit(TrainLoaders(DataLoader(dataset, batch_size=4, sampler=SubsetRandomSampler(split))), batches=1.0)
+    assert isinstance(kept.loader.sampler, ResumableSampler)
+    assert len(kept.batches) == len(kept.loader) == 5, "as many samples an epoch as the split has"
+    order = [split[place] for place in torch.randperm(20, generator=torch.Generator().manual_seed(7))]  # epoch 0
     assert torch.equal(torch.cat([features for features, _ in kept.batches]), dataset.tensors[0][order])
 
 

@@ -104,11 +104,14 @@ def test_the_sharded_drill_resumes_a_model_that_shards_to_the_same_weights(tmp_p
 
 
 @pytest.mark.drills
-def test_the_drill_resumes_a_weighted_sampler_to_the_same_weights(tmp_path: Path):
-    class WeightedPair(YourCodeContract):  # rows drawn by a WeightedRandomSampler, on 2 processes
+@pytest.mark.parametrize(
+    "data", ["tasks.regression.WeightedTable", "tasks.regression.SplitByIndices"], ids=["weighted", "subset"]
+)
+def test_the_drill_resumes_a_sampler_of_the_data_modules_to_the_same_weights(tmp_path: Path, data: str):
+    class SamplerPair(YourCodeContract):  # rows drawn by a WeightedRandomSampler or a SubsetRandomSampler
         project = PROJECT_ROOT
-        args = (*EXPERIMENT, "--model", "tasks.regression.Regressor", "--data", "tasks.regression.WeightedTable",
+        args = (*EXPERIMENT, "--model", "tasks.regression.Regressor", "--data", data,
                 "--best_checkpoint.monitor", "val_loss")  # fmt: skip
 
-    WeightedPair.run_args = WeightedPair.args
-    WeightedPair().drill(tmp_path, "--trainer.devices", "2")
+    SamplerPair.run_args = SamplerPair.args
+    SamplerPair().drill(tmp_path, "--trainer.devices", "2")

@@ -15,7 +15,8 @@ cannot tell from the loader's length which batch is the last), and on how many p
 restarted on another number of processes goes on with the rest of the epoch, shared out over the
 processes it has now.
 
-A `WeightedRandomSampler` is rebuilt the same way: its draws, too, come from the seed and the epoch.
+A `WeightedRandomSampler` and a `SubsetRandomSampler` (a split by indices) are rebuilt the same way: their draws
+and orders, too, come from the seed and the epoch.
 Loaders over an IterableDataset (litdata's streaming loader among them) keep their own state, and
 loaders with another sampler of their own are left as they are.
 """
@@ -24,7 +25,7 @@ import functools
 import itertools
 import math
 import os
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
 import torch
@@ -40,6 +41,7 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     SequentialSampler,
+    SubsetRandomSampler,
     WeightedRandomSampler,
 )
 
@@ -85,9 +87,13 @@ class ResumableSampler(DistributedSampler):
     resumes the epoch shares out the rest of the order in the same way over the processes it has.
     """
 
-    def __init__(self, dataset: Sized, num_replicas: int, rank: int, seed: int, shuffle: bool = True) -> None:
+    def __init__(
+        self, dataset: Sized, num_replicas: int, rank: int, seed: int, shuffle: bool = True, size: int | None = None
+    ) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
-        self.size = len(dataset)  # the samples of an epoch's order
+        self.size = len(dataset) if size is None else size  # the samples of an epoch's order
+        self.num_samples = math.ceil(self.size / num_replicas)  # DistributedSampler's length: this process's share
+        self.total_size = self.num_samples * num_replicas
         self.resumed = (0, 0)  # the epoch a checkpoint ended in and how many samples of its order were trained on
 
     def trained_before(self) -> int:
@@ -126,14 +132,23 @@ class WeightedResumableSampler(ResumableSampler):
     def __init__(
         self, dataset: Sized, weights: Tensor, draws: int, replacement: bool, num_replicas: int, rank: int, seed: int
     ) -> None:
-        super().__init__(dataset, num_replicas, rank, seed=seed)
+        super().__init__(dataset, num_replicas, rank, seed=seed, size=draws)
         self.weights, self.replacement = weights, replacement
-        self.size = draws
-        self.num_samples = math.ceil(draws / num_replicas)  # DistributedSampler's length: this process's share
-        self.total_size = self.num_samples * num_replicas
 
     def order(self) -> list[int]:
         return torch.multinomial(self.weights, self.size, self.replacement, generator=self.epochs_generator()).tolist()
+
+
+class SubsetResumableSampler(ResumableSampler):
+    """A SubsetRandomSampler's indices (a split of a dataset by indices), in an order set by the seed and the epoch
+    alone and shared out as ResumableSampler's."""
+
+    def __init__(self, dataset: Sized, indices: Sequence[int], num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas, rank, seed=seed, size=len(indices))
+        self.indices = list(indices)
+
+    def order(self) -> list[int]:
+        return [self.indices[place] for place in super().order()]
 
 
 class ResumableDataLoader(DataLoader):
@@ -211,7 +226,7 @@ def not_resumable_because(loader: Any) -> str | None:
         return "reads an IterableDataset and keeps no state"
     if loader.batch_size is None:
         return f"uses a batch sampler of its own ({type(loader.batch_sampler).__name__})"
-    if shuffles(loader) is None and type(loader.sampler) is not WeightedRandomSampler:
+    if shuffles(loader) is None and type(loader.sampler) not in (WeightedRandomSampler, SubsetRandomSampler):
         return f"uses a sampler of its own ({type(loader.sampler).__name__})"
     return None
 
@@ -238,7 +253,7 @@ def resumable(loader: Any, trainer: Trainer) -> Any:
     """`loader` rebuilt as a ResumableDataLoader with every argument it was given, when it is an ordinary one.
 
     An ordinary one is a plain DataLoader over a map-style dataset that batches with `batch_size`
-    in a sequential, shuffled or weighted order (an IterableDataset's loader has none of them).
+    in a sequential, shuffled, weighted or subset's shuffled order (an IterableDataset's loader has none of them).
     """
     if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
         return loader  # it resumes itself, and Lightning saves its state (torchdata's, litdata's)
@@ -256,6 +271,8 @@ def resumable(loader: Any, trainer: Trainer) -> Any:
         sampler = WeightedResumableSampler(
             loader.dataset, drawn.weights, drawn.num_samples, drawn.replacement, num_replicas, rank, seed=seed
         )
+    elif type(loader.sampler) is SubsetRandomSampler:
+        sampler = SubsetResumableSampler(loader.dataset, loader.sampler.indices, num_replicas, rank, seed=seed)
     else:
         sampler = ResumableSampler(loader.dataset, num_replicas, rank, seed=seed, shuffle=shuffles(loader))
     # Lightning's own way of re-creating a loader with another sampler, which keeps its other arguments.

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler, random_split
+from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset, WeightedRandomSampler, random_split
 
 from trainkit import ConfigError
 
@@ -51,6 +51,14 @@ class WeightedTable(Table):
         targets = torch.stack([target for _, target in self.train])
         sampler = WeightedRandomSampler(1 + targets.abs(), num_samples=len(self.train), replacement=True)
         return DataLoader(self.train, batch_size=self.batch_size, sampler=sampler)
+
+
+class SplitByIndices(Table):
+    """The training rows drawn by a SubsetRandomSampler over the whole table, as older code splits a dataset."""
+
+    def train_dataloader(self) -> DataLoader:
+        rows = SubsetRandomSampler(self.train.indices)
+        return DataLoader(self.train.dataset, batch_size=self.batch_size, sampler=rows)
 
 
 class Regressor(LightningModule):
