@@ -47,6 +47,8 @@ class ResumeWhatTunersFound(Callback):
             kept = [f"{name} {size} as found then" for name, size in found.items()]
             if any(isinstance(tuner, LearningRateFinder) for tuner in left_out):
                 kept.insert(0, "the learning rate comes with the optimizer's state")
+            if any(isinstance(tuner, BatchSizeFinder) for tuner in left_out) and not found:
+                kept.append("the batch size is the configured one (the checkpoint kept none found)")
             rank_zero_info(f"resume: {names} tuned this run's first start and do not run again: {'; '.join(kept)}")
 
 
