@@ -15,6 +15,7 @@ from trainkit.cli import DEFAULTS, use_timeouts_for_ddp
 from trainkit.cluster.settings import ClusterSettings
 from trainkit.strategies.ddp import WatchedDDPStrategy
 from trainkit.testing.configs import print_config
+from trainkit.testing.runs import signal_at
 from trainkit.tracking.record import config_changes
 
 from .helpers import PROJECT_ROOT, clean_env, quick_run_args, quick_trainer_args, run_train
@@ -48,6 +49,25 @@ def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(experimen
 
 def resume_lines(result: subprocess.CompletedProcess) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.startswith("resume: ")]
+
+
+def test_a_fit_started_from_another_runs_checkpoint_goes_on_from_its_own_when_run_again(experiment, tmp_path):
+    # Fine-tuning from another run's (or a pretrained) checkpoint: a preempted job runs the same command again.
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert run_train("fit", *quick_run_args(experiment, first)).returncode == 0  # 4 steps
+    start = first / "checkpoints" / "last.ckpt"
+    command = ["fit", *quick_run_args(experiment, second), "--trainer.max_epochs", "3", "--ckpt_path", str(start)]
+    stopped = run_train(*command, *signal_at(6))
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+
+    again = run_train(*command)
+    assert again.returncode == 0, again.stderr[-3000:]
+    own = second / "checkpoints" / "preempted.ckpt"
+    assert resume_lines(again)[0] == (
+        f"resume: going on from this run's own {own}; ckpt_path {start} is where the run started (a new run directory"
+        " starts from it again)"
+    )  # Lightning alone started from the other run's checkpoint again, losing the steps since
+    assert f"Restoring states from the checkpoint path at {own}" in again.stderr
 
 
 def test_a_run_that_early_stopping_ended_trains_nothing_more_when_run_again(experiment, tmp_path):

@@ -20,6 +20,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainkit.checkpoints.best import BestCheckpointSettings, add_best_checkpoint
@@ -32,8 +33,9 @@ from trainkit.checkpoints.path import (
     check_checkpoint_path,
     find_best_checkpoint,
     refuse_sharded_without_strategy,
+    started_elsewhere,
 )
-from trainkit.checkpoints.resume import resume_checkpoint
+from trainkit.checkpoints.resume import own_checkpoint, resume_checkpoint
 from trainkit.checkpoints.saving import CheckpointSavingSettings
 from trainkit.checkpoints.stored import (
     CheckpointNotStored,
@@ -184,11 +186,21 @@ class ProjectCLI(LightningCLI):
                 callback.config = self.as_configured
         if isinstance(platform.environment, NodeLevelEnvironment):
             platform.environment.call_the_roll(trainer.num_devices)  # every node here, each with as many devices
-        if config.get("ckpt_path") == "last":
+        chosen = config.get("ckpt_path")
+        if chosen == "last":
             # The newest checkpoint that is whole, not only the newest (checkpoints/resume.py).
             found = resume_checkpoint(trainer)
             if found is not None:
                 self.config_init[self.subcommand]["ckpt_path"] = str(found)
+        elif self.subcommand == "fit" and started_elsewhere(chosen, trainer):
+            # Started from another run's checkpoint: a restarted job, running the same command, goes on from its own.
+            own = own_checkpoint(trainer)
+            if own is not None:
+                rank_zero_info(
+                    f"resume: going on from this run's own {own}; ckpt_path {chosen} is where the run started (a new"
+                    " run directory starts from it again)"
+                )
+                self.config_init[self.subcommand]["ckpt_path"] = str(own)
         if config.get("ckpt_path") == "best":
             # Lightning finds it only after a fit in this process; with a store, on a fresh disk too.
             find_best_checkpoint(trainer.checkpoint_callback, self.store)

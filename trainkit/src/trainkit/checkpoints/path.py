@@ -1,16 +1,20 @@
 """`ckpt_path` checked before LightningCLI loads it: missing files and files that are not checkpoints refused.
 
-`ckpt_path: best` is found in the checkpoint directory, so that `test`, `validate` and `predict` in
-a new process use the best checkpoint of an earlier `fit`. A checkpoint is a file, or a directory
-saved by the sharded strategy (checkpoints/sharded_format.py), which only that strategy loads.
+A fit whose `ckpt_path` names another run's checkpoint (or a pretrained model's) starts from it once: a
+restarted job goes on from the run's own newest checkpoint. `ckpt_path: best` is found in the checkpoint
+directory, so that `test`, `validate` and `predict` in a new process use the best checkpoint of an earlier
+`fit`. A checkpoint is a file, or a directory saved by the sharded strategy (checkpoints/sharded_format.py),
+which only that strategy loads.
 """
 
 import pickle
 import zipfile
 from pathlib import Path
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
+from trainkit.checkpoints.disk import checkpoint_dirs
 from trainkit.checkpoints.io import refusal_reason
 from trainkit.checkpoints.resume import damage, download_checkpoint, newer_from_store, newest_whole_checkpoint
 from trainkit.checkpoints.sharded_format import DCP_METADATA, checkpoint_meta, is_sharded
@@ -91,3 +95,11 @@ def refuse_sharded_without_strategy(path: Path | None, sharded_strategy: bool) -
         f" configs/strategy/fsdp.yaml, or convert it to one file with python -m trainkit.checkpoints.sharded_format"
         f" {path} OUT.ckpt"
     )
+
+
+def started_elsewhere(ckpt_path: str | None, trainer: Trainer) -> bool:
+    """Whether `ckpt_path` names a checkpoint outside the run's own checkpoint directories (another run's, a
+    pretrained model's): where a fit starts, not where a restarted job goes on."""
+    if ckpt_path in (None, *CHECKPOINT_ALIASES):
+        return False
+    return "://" in ckpt_path or Path(ckpt_path).resolve().parent not in checkpoint_dirs(trainer)

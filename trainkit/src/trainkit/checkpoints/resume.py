@@ -51,6 +51,18 @@ SWAPPED = re.compile(r"\.(?P<name>.+\.ckpt)\.(?:partial|old)-\w+")
 
 def resume_checkpoint(trainer: Trainer) -> Path | None:
     """The checkpoint a restarted job resumes from, or None on the job's first run."""
+    checkpoint = own_checkpoint(trainer)
+    if checkpoint is None:
+        io = trainer.strategy.checkpoint_io
+        where = [*map(str, checkpoint_dirs(trainer)), *([io.store.url] if isinstance(io, StoredCheckpointIO) else [])]
+        rank_zero_info(f"no checkpoint in {', '.join(where)}: training from the start")
+        # Lightning would add a warning that suggests `save_last=True`, which is not the way here.
+        warnings.filterwarnings("ignore", message=r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint")
+    return checkpoint
+
+
+def own_checkpoint(trainer: Trainer) -> Path | None:
+    """The run's newest whole checkpoint, in its checkpoint directories or its store; None where it has none."""
     # Lightning warns that checkpoints/ "exists and is not empty": resuming, it holds this run's own files.
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     directories = checkpoint_dirs(trainer)
@@ -61,11 +73,6 @@ def resume_checkpoint(trainer: Trainer) -> Path | None:
     if isinstance(io, StoredCheckpointIO) and directories:
         local_step = -1 if checkpoint is None else _global_step(checkpoint)
         checkpoint = newer_from_store(io.store, directories[0], local_step) or checkpoint
-    if checkpoint is None:
-        where = [*map(str, directories), *([io.store.url] if isinstance(io, StoredCheckpointIO) else [])]
-        rank_zero_info(f"no checkpoint in {', '.join(where)}: training from the start")
-        # Lightning would add a warning that suggests `save_last=True`, which is not the way here.
-        warnings.filterwarnings("ignore", message=r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint")
     return checkpoint
 
 

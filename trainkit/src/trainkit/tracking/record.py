@@ -45,12 +45,20 @@ class SaveRunRecord(SaveConfigCallback):
         trained_with = checkpoint.get(KEY, {}).get("config")
         if trainer.state.fn != TrainerFn.FITTING or self.provenance is None or trained_with is None:
             return
-        changes = config_changes(yaml.safe_load(trained_with), yaml.safe_load(self.provenance["config"]))
+        # Where the run resumed from is no setting of its training.
+        before, now = (
+            without_ckpt_path(yaml.safe_load(config)) for config in (trained_with, self.provenance["config"])
+        )
+        changes = config_changes(before, now)
         if changes:
             more = f" (and {len(changes) - 5} more)" if len(changes) > 5 else ""
             rank_zero_info(
                 f"resume: {trainer.ckpt_path} was trained with another config: {', '.join(changes[:5])}{more}"
             )
+
+
+def without_ckpt_path(config: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in config.items() if key != "ckpt_path"}
 
 
 def config_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
