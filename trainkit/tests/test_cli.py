@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.strategies import StrategyRegistry
 
+from trainkit.checkpoints.fit import stopped_early
 from trainkit.cli import DEFAULTS, use_timeouts_for_ddp
 from trainkit.cluster.settings import ClusterSettings
 from trainkit.strategies.ddp import WatchedDDPStrategy
@@ -303,3 +306,16 @@ def test_a_callback_added_or_left_out_on_resume_is_named_once():
     ]
     assert config_changes(now, before)[0] == "trainer.callbacks.LearningRateFinder added"
     assert config_changes(before, before) == []
+
+
+def test_early_stopping_ends_a_run_only_past_its_minimum_epochs_and_steps():
+    stopper = EarlyStopping("val/acc", patience=1)
+    checkpoint = {"global_step": 8, "loops": {"fit_loop": {"epoch_progress": {"current": {"processed": 2}}}},
+                  "callbacks": {stopper.state_key: {**stopper.state_dict(), "wait_count": 1}}}  # fmt: skip
+
+    def stopped(**minimum: int) -> bool:
+        trainer = Trainer(callbacks=[stopper], logger=False, enable_checkpointing=False, **minimum)
+        return stopped_early(trainer, checkpoint) is stopper
+
+    assert stopped() and stopped(min_epochs=2) and stopped(min_steps=8)
+    assert not stopped(min_epochs=3) and not stopped(min_steps=9)

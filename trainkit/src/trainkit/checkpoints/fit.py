@@ -68,8 +68,7 @@ class RefuseCheckpointsThatDoNotFit(Callback):
 
 def ended_at(checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int) -> tuple[str, str] | None:
     """Where a checkpoint's run reached this run's max_epochs or max_steps, and which of the two it reached."""
-    epochs = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
-    epochs_done, step = epochs.get("processed", 0), checkpoint.get("global_step", 0)
+    epochs_done, step = epochs_and_step(checkpoint)
     if max_epochs not in (None, -1) and epochs_done >= max_epochs:
         return f"epoch {epochs_done} of trainer.max_epochs {max_epochs}", "trainer.max_epochs"
     if max_steps != -1 and step >= max_steps:
@@ -77,8 +76,17 @@ def ended_at(checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int)
     return None
 
 
+def epochs_and_step(checkpoint: dict[str, Any]) -> tuple[int, int]:
+    """How many epochs a checkpoint's run had finished, and its step."""
+    epochs = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+    return epochs.get("processed", 0), checkpoint.get("global_step", 0)
+
+
 def stopped_early(trainer: Trainer, checkpoint: dict[str, Any]) -> EarlyStopping | None:
     """The run's EarlyStopping whose state in `checkpoint` had stopped training, if any."""
+    epochs_done, step = epochs_and_step(checkpoint)
+    if epochs_done < (trainer.min_epochs or 0) or step < (trainer.min_steps or 0):
+        return None  # Lightning trains on to min_epochs and min_steps, whatever EarlyStopping says
     states = checkpoint.get("callbacks", {})
     for callback in trainer.callbacks:
         if isinstance(callback, EarlyStopping) and callback.state_key in states:
