@@ -99,9 +99,17 @@ def test_an_aborted_process_ends_every_node_with_75(platform, aborted, experimen
     assert error_line(platform, 1, logs[1]), logs_of(tmp_path)
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
-def test_a_stalled_node_ends_the_others_with_75_within_the_timeout(platform, experiment, tmp_path):
-    nodes, _ = start_job(platform, experiment, tmp_path)
+# Lightning's DDPStrategy by its class, with arguments (as configs set find_unused_parameters, static_graph, ...),
+# not "ddp" by name: it gets cluster.timeout too (Lightning's own waits 30 minutes).
+BY_CLASS = ("--trainer.strategy", "DDPStrategy", "--trainer.strategy.gradient_as_bucket_view", "true")
+
+
+@pytest.mark.parametrize(
+    ("platform", "strategy"), [*((platform, ()) for platform in PLATFORMS), ("SING", BY_CLASS)],
+    ids=[*PLATFORMS, "SING-DDPStrategy-by-class"],
+)  # fmt: skip
+def test_a_stalled_node_ends_the_others_with_75_within_the_timeout(platform, strategy, experiment, tmp_path):
+    nodes, _ = start_job(platform, experiment, tmp_path, *strategy)
     # Every training process of node 1 freezes, its connections open; torchrun's agent goes on, as it
     # would beside a hung GPU driver.
     tree = process_tree(nodes[1].pid)

@@ -11,9 +11,10 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import LightningModule, Trainer
@@ -125,6 +126,7 @@ class ProjectCLI(LightningCLI):
         # What config.yaml keeps: not the directories and the wandb run id filled in below from this run's
         # directory, or `--config runs/x/config.yaml` in another directory would write to, and resume, run x.
         self.as_configured = config.clone()
+        watch_ddp_configured_by_class(config.trainer.strategy, config.cluster)
         if self.subcommand == "fit":  # one job per run directory; test, validate and predict may run beside it
             lock_run_dir(config.trainer.default_root_dir or os.getcwd())
         put_outputs_under_root_dir(config.trainer)
@@ -228,6 +230,7 @@ def checked_store(settings: CheckpointStoreSettings, writable: bool) -> ObjectSt
     return store
 
 
+DDP_CLASS_PATHS = ("lightning.pytorch.strategies.DDPStrategy", "lightning.pytorch.strategies.ddp.DDPStrategy")
 TIMEOUTS = ("timeout", "join_timeout")  # what use_timeouts_for_ddp sets in a registered strategy's arguments
 
 
@@ -249,6 +252,15 @@ def use_timeouts_for_ddp(cluster: ClusterSettings) -> None:
                 timeout=cluster.timeout,
                 join_timeout=cluster.join_timeout,
             )
+
+
+def watch_ddp_configured_by_class(strategy: Any, cluster: Namespace) -> None:
+    """Lightning's DDPStrategy configured by its class (for `find_unused_parameters`, `static_graph`, ...) as the
+    kit's WatchedDDPStrategy with the same arguments and cluster's timeouts, as "ddp" by name is: Lightning's own
+    waits 30 minutes for a lost node and knows nothing of cluster.join_timeout."""
+    if isinstance(strategy, Namespace) and strategy.get("class_path") in DDP_CLASS_PATHS:
+        strategy.class_path = f"{WatchedDDPStrategy.__module__}.{WatchedDDPStrategy.__name__}"
+        strategy.init_args.timeout, strategy.init_args.join_timeout = cluster.timeout, cluster.join_timeout
 
 
 def _show_info_logs() -> None:
