@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.strategies import StrategyRegistry
 
 from trainkit.checkpoints.fit import stopped_early
-from trainkit.cli import DEFAULTS, use_timeouts_for_ddp
+from trainkit.cli import DEFAULTS, use_timeouts_for_ddp, watch_ddp_configured_by_class
 from trainkit.cluster.settings import ClusterSettings
 from trainkit.strategies.ddp import WatchedDDPStrategy
 from trainkit.testing.configs import print_config
@@ -275,7 +276,7 @@ def test_a_fresh_run_and_its_rerun_print_nothing_a_researcher_cannot_act_on(expe
     assert said == [f"no checkpoint in {tmp_path / 'run' / 'checkpoints'}: training from the start"], said
 
 
-def test_lightnings_names_for_ddp_keep_the_clusters_timeouts():
+def test_lightnings_names_for_ddp_and_fsdp_keep_the_clusters_timeouts():
     """ "ddp" (what "auto" picks for several processes) and the names that differ from it only in
     find_unused_parameters, with the settings of the latest run in this process."""
     use_timeouts_for_ddp(ClusterSettings(timeout=timedelta(seconds=20), join_timeout=timedelta(seconds=40)))
@@ -287,6 +288,8 @@ def test_lightnings_names_for_ddp_keep_the_clusters_timeouts():
         assert (strategy._timeout, strategy.join_timeout) == (timedelta(seconds=30), timedelta(seconds=50)), name
         assert strategy._ddp_kwargs.get("find_unused_parameters", False) is find_unused, name
         assert strategy._start_method == "popen", name
+    for name in ("fsdp", "fsdp_cpu_offload"):  # Lightning's FSDP (GPUs only): the timeout
+        assert StrategyRegistry.get(name)._timeout == timedelta(seconds=30), name
 
 
 def test_a_callback_added_or_left_out_on_resume_is_named_once():
@@ -319,3 +322,11 @@ def test_early_stopping_ends_a_run_only_past_its_minimum_epochs_and_steps():
 
     assert stopped() and stopped(min_epochs=2) and stopped(min_steps=8)
     assert not stopped(min_epochs=3) and not stopped(min_steps=9)
+
+
+def test_lightnings_fsdp_configured_by_its_class_keeps_the_clusters_timeout():
+    # On GPUs only, so not run here: its config as the command line parses it, before the Trainer is built.
+    fsdp = "lightning.pytorch.strategies.FSDPStrategy"
+    strategy = Namespace(class_path=fsdp, init_args=Namespace(timeout=timedelta(minutes=30), cpu_offload=True))
+    watch_ddp_configured_by_class(strategy, Namespace(timeout=timedelta(seconds=30), join_timeout=timedelta(minutes=1)))
+    assert strategy == Namespace(class_path=fsdp, init_args=Namespace(timeout=timedelta(seconds=30), cpu_offload=True))

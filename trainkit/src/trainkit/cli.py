@@ -20,7 +20,7 @@ from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -231,6 +231,7 @@ def checked_store(settings: CheckpointStoreSettings, writable: bool) -> ObjectSt
 
 
 DDP_CLASS_PATHS = ("lightning.pytorch.strategies.DDPStrategy", "lightning.pytorch.strategies.ddp.DDPStrategy")
+FSDP_CLASS_PATHS = ("lightning.pytorch.strategies.FSDPStrategy", "lightning.pytorch.strategies.fsdp.FSDPStrategy")
 TIMEOUTS = ("timeout", "join_timeout")  # what use_timeouts_for_ddp sets in a registered strategy's arguments
 
 
@@ -252,15 +253,27 @@ def use_timeouts_for_ddp(cluster: ClusterSettings) -> None:
                 timeout=cluster.timeout,
                 join_timeout=cluster.join_timeout,
             )
+        elif issubclass(registered["strategy"], FSDPStrategy):  # Lightning's FSDP by name ("fsdp"): on GPUs only
+            StrategyRegistry.register(
+                name,
+                registered["strategy"],
+                description=f"FSDP {params} with cluster.timeout",
+                override=True,
+                **params,
+                timeout=cluster.timeout,
+            )
 
 
 def watch_ddp_configured_by_class(strategy: Any, cluster: Namespace) -> None:
     """Lightning's DDPStrategy configured by its class (for `find_unused_parameters`, `static_graph`, ...) as the
     kit's WatchedDDPStrategy with the same arguments and cluster's timeouts, as "ddp" by name is: Lightning's own
-    waits 30 minutes for a lost node and knows nothing of cluster.join_timeout."""
+    waits 30 minutes for a lost node and knows nothing of cluster.join_timeout. Lightning's FSDPStrategy gets
+    cluster.timeout."""
     if isinstance(strategy, Namespace) and strategy.get("class_path") in DDP_CLASS_PATHS:
         strategy.class_path = f"{WatchedDDPStrategy.__module__}.{WatchedDDPStrategy.__name__}"
         strategy.init_args.timeout, strategy.init_args.join_timeout = cluster.timeout, cluster.join_timeout
+    if isinstance(strategy, Namespace) and strategy.get("class_path") in FSDP_CLASS_PATHS:
+        strategy.init_args.timeout = cluster.timeout
 
 
 def _show_info_logs() -> None:
