@@ -288,7 +288,7 @@ def test_lightnings_names_for_ddp_and_fsdp_keep_the_clusters_timeouts():
         assert (strategy._timeout, strategy.join_timeout) == (timedelta(seconds=30), timedelta(seconds=50)), name
         assert strategy._ddp_kwargs.get("find_unused_parameters", False) is find_unused, name
         assert strategy._start_method == "popen", name
-    for name in ("fsdp", "fsdp_cpu_offload"):  # Lightning's FSDP (GPUs only): the timeout
+    for name in ("ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "fsdp_cpu_offload"):  # the timeout only
         assert StrategyRegistry.get(name)._timeout == timedelta(seconds=30), name
 
 

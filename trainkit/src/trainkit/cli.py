@@ -239,7 +239,8 @@ def use_timeouts_for_ddp(cluster: ClusterSettings) -> None:
     # With several processes, strategy "auto" resolves to Lightning's registered "ddp" strategy; registering it
     # with our timeouts and watch makes a lost or missing process fail the job in minutes. So do the names that
     # differ from it only in find_unused_parameters (ddp_find_unused_parameters_true, as Lightning advises for
-    # GANs), which would otherwise drop them.
+    # GANs), which would otherwise drop them. Lightning's other DDP and sharded strategies by name (ddp_spawn,
+    # deepspeed, fsdp) get cluster.timeout: torch's default keeps a job with a lost node waiting 30 minutes.
     for name in StrategyRegistry.available_strategies():
         registered = dict.get(StrategyRegistry, name)  # the registry's own get() builds the strategy
         params = {key: value for key, value in registered["init_params"].items() if key not in TIMEOUTS}
@@ -253,11 +254,11 @@ def use_timeouts_for_ddp(cluster: ClusterSettings) -> None:
                 timeout=cluster.timeout,
                 join_timeout=cluster.join_timeout,
             )
-        elif issubclass(registered["strategy"], FSDPStrategy):  # Lightning's FSDP by name ("fsdp"): on GPUs only
+        elif issubclass(registered["strategy"], (DDPStrategy, FSDPStrategy)):  # ddp_spawn, deepspeed, fsdp: the timeout
             StrategyRegistry.register(
                 name,
                 registered["strategy"],
-                description=f"FSDP {params} with cluster.timeout",
+                description=f"Lightning's {name}, with cluster.timeout",
                 override=True,
                 **params,
                 timeout=cluster.timeout,
