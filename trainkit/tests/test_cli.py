@@ -15,9 +15,10 @@ from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.strategies import StrategyRegistry
 
 from trainkit.checkpoints.fit import stopped_early
-from trainkit.cli import DEFAULTS, use_timeouts_for_ddp, watch_ddp_configured_by_class
+from trainkit.cli import DEFAULTS
 from trainkit.cluster.settings import ClusterSettings
 from trainkit.strategies.ddp import WatchedDDPStrategy
+from trainkit.strategies.timeouts import use_timeouts_for_ddp, watch_ddp_configured_by_class
 from trainkit.testing.configs import print_config
 from trainkit.testing.runs import signal_at
 from trainkit.tracking.record import config_changes

@@ -11,16 +11,14 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
 import torch.distributed as dist
-from jsonargparse import ArgumentError, Namespace
+from jsonargparse import ArgumentError
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -72,8 +70,8 @@ from trainkit.run.speed import use_fast_defaults
 from trainkit.run.stopping import stop_with_this_process
 from trainkit.store.lock import lock_store
 from trainkit.store.object_store import ObjectStore, StoreError, open_store
-from trainkit.strategies.ddp import WatchedDDPStrategy
 from trainkit.strategies.sharded import ShardedStrategy
+from trainkit.strategies.timeouts import use_timeouts_for_ddp, watch_ddp_configured_by_class
 from trainkit.tracking.progress import PlainProgress
 from trainkit.tracking.record import SaveRunRecord
 from trainkit.tracking.wandb_logger import choose_wandb_mode, keep_wandb_run_id
@@ -228,53 +226,6 @@ def checked_store(settings: CheckpointStoreSettings, writable: bool) -> ObjectSt
     except StoreError as error:
         raise ConfigError(f"checkpoint_store.url {error}") from None
     return store
-
-
-DDP_CLASS_PATHS = ("lightning.pytorch.strategies.DDPStrategy", "lightning.pytorch.strategies.ddp.DDPStrategy")
-FSDP_CLASS_PATHS = ("lightning.pytorch.strategies.FSDPStrategy", "lightning.pytorch.strategies.fsdp.FSDPStrategy")
-TIMEOUTS = ("timeout", "join_timeout")  # what use_timeouts_for_ddp sets in a registered strategy's arguments
-
-
-def use_timeouts_for_ddp(cluster: ClusterSettings) -> None:
-    # With several processes, strategy "auto" resolves to Lightning's registered "ddp" strategy; registering it
-    # with our timeouts and watch makes a lost or missing process fail the job in minutes. So do the names that
-    # differ from it only in find_unused_parameters (ddp_find_unused_parameters_true, as Lightning advises for
-    # GANs), which would otherwise drop them. Lightning's other DDP and sharded strategies by name (ddp_spawn,
-    # deepspeed, fsdp) get cluster.timeout: torch's default keeps a job with a lost node waiting 30 minutes.
-    for name in StrategyRegistry.available_strategies():
-        registered = dict.get(StrategyRegistry, name)  # the registry's own get() builds the strategy
-        params = {key: value for key, value in registered["init_params"].items() if key not in TIMEOUTS}
-        if issubclass(registered["strategy"], DDPStrategy) and params.get("start_method") == "popen":
-            StrategyRegistry.register(
-                name,
-                WatchedDDPStrategy,
-                description=f"DDP {params} with cluster.timeout and cluster.join_timeout",
-                override=True,
-                **params,
-                timeout=cluster.timeout,
-                join_timeout=cluster.join_timeout,
-            )
-        elif issubclass(registered["strategy"], (DDPStrategy, FSDPStrategy)):  # ddp_spawn, deepspeed, fsdp: the timeout
-            StrategyRegistry.register(
-                name,
-                registered["strategy"],
-                description=f"Lightning's {name}, with cluster.timeout",
-                override=True,
-                **params,
-                timeout=cluster.timeout,
-            )
-
-
-def watch_ddp_configured_by_class(strategy: Any, cluster: Namespace) -> None:
-    """Lightning's DDPStrategy configured by its class (for `find_unused_parameters`, `static_graph`, ...) as the
-    kit's WatchedDDPStrategy with the same arguments and cluster's timeouts, as "ddp" by name is: Lightning's own
-    waits 30 minutes for a lost node and knows nothing of cluster.join_timeout. Lightning's FSDPStrategy gets
-    cluster.timeout."""
-    if isinstance(strategy, Namespace) and strategy.get("class_path") in DDP_CLASS_PATHS:
-        strategy.class_path = f"{WatchedDDPStrategy.__module__}.{WatchedDDPStrategy.__name__}"
-        strategy.init_args.timeout, strategy.init_args.join_timeout = cluster.timeout, cluster.join_timeout
-    if isinstance(strategy, Namespace) and strategy.get("class_path") in FSDP_CLASS_PATHS:
-        strategy.init_args.timeout = cluster.timeout
 
 
 def _show_info_logs() -> None:
