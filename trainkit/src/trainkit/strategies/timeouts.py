@@ -13,10 +13,9 @@ from jsonargparse import Namespace
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
 
 from trainkit.cluster.settings import ClusterSettings
+from trainkit.run.config import class_of
 from trainkit.strategies.ddp import WatchedDDPStrategy
 
-DDP_CLASS_PATHS = ("lightning.pytorch.strategies.DDPStrategy", "lightning.pytorch.strategies.ddp.DDPStrategy")
-FSDP_CLASS_PATHS = ("lightning.pytorch.strategies.FSDPStrategy", "lightning.pytorch.strategies.fsdp.FSDPStrategy")
 TIMEOUTS = ("timeout", "join_timeout")  # what use_timeouts_for_ddp sets in a registered strategy's arguments
 
 
@@ -53,8 +52,11 @@ def watch_ddp_configured_by_class(strategy: Any, cluster: Namespace) -> None:
     kit's WatchedDDPStrategy with the same arguments and cluster's timeouts, as "ddp" by name is: Lightning's own
     waits 30 minutes for a lost node and knows nothing of cluster.join_timeout. Lightning's FSDPStrategy gets
     cluster.timeout."""
-    if isinstance(strategy, Namespace) and strategy.get("class_path") in DDP_CLASS_PATHS:
+    if not isinstance(strategy, Namespace) or "class_path" not in strategy:
+        return  # a name ("ddp", "auto"), which use_timeouts_for_ddp covers
+    kind = class_of(strategy.class_path)
+    if kind is DDPStrategy:
         strategy.class_path = f"{WatchedDDPStrategy.__module__}.{WatchedDDPStrategy.__name__}"
         strategy.init_args.timeout, strategy.init_args.join_timeout = cluster.timeout, cluster.join_timeout
-    if isinstance(strategy, Namespace) and strategy.get("class_path") in FSDP_CLASS_PATHS:
+    elif kind is FSDPStrategy:
         strategy.init_args.timeout = cluster.timeout
