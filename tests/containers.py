@@ -169,7 +169,15 @@ class Containers:
             return int(podman("wait", name, timeout=timeout).stdout.strip())
         except subprocess.TimeoutExpired:
             podman("kill", name, check=False)
-            pytest.fail(f"{name} still running after {timeout:g} s:\n{self.logs(name)[-4000:]}")
+            pytest.fail(f"{name} still running after {timeout:g} s; this test's containers:\n{self.report()}")
+
+    def report(self) -> str:
+        """Each container's state and the end of its log: a node that hangs often waits on another one."""
+        states = []
+        for name in self.containers:
+            state = podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name, check=False).stdout
+            states.append(f"--- {name} ({state.strip()}):\n{self.logs(name)[-3000:]}")
+        return "\n".join(states)
 
     def logs(self, name: str) -> str:
         result = podman("logs", name, check=False)

@@ -110,8 +110,9 @@ def start_node(containers: Containers, image: str, platform: str, rank: int, net
 
     `runs` is mounted at `runs_at`, where the runs and the rank reports go; `env` is added to the platform's variables.
     """
-    # A job that cannot form fails in a minute rather than the default five.
-    cpu = [*quick_cpu_run(DATA, runs_at), "--trainer.devices", str(PROCESSES_PER_NODE), "--cluster.timeout", "0:01:00"]
+    # A job that cannot form, or loses a node, ends with its own line well within the test's wait for it.
+    cpu = [*quick_cpu_run(DATA, runs_at), "--trainer.devices", str(PROCESSES_PER_NODE), "--cluster.timeout", "0:01:00",
+           "--cluster.join_timeout", "0:02:00"]  # fmt: skip
     command = [*image_command(image), *cpu, *extra]
     return containers.run(
         name or f"{platform.lower()}-{rank}", image, command,
@@ -124,7 +125,7 @@ def assert_finished(containers: Containers, nodes: list[str], timeout: float = 3
     """Every node exited 0; node 0's log."""
     for node in nodes:
         code = containers.wait(node, timeout)
-        assert code == 0, f"{node} exited {code}:\n{containers.logs(node)[-4000:]}"
+        assert code == 0, f"{node} exited {code}; this test's containers:\n{containers.report()}"
     return containers.logs(nodes[0])
 
 
@@ -192,7 +193,7 @@ def test_podman_stop_preempts_and_the_same_containers_resume(project_image, cont
 
     podman("stop", "--time", "60", *nodes, timeout=120)  # SIGTERM to PID 1, SIGKILL after 60 s
     codes = [containers.exit_code(node) for node in nodes]
-    assert codes == [143, 143], containers.logs(nodes[0])[-4000:] + containers.logs(nodes[1])[-4000:]
+    assert codes == [143, 143], containers.report()
     preempted = runs / "run" / "checkpoints" / "preempted.ckpt"
     stopped_at = torch.load(preempted, weights_only=True, map_location="cpu")["global_step"]
     assert 3 < stopped_at < planned

@@ -1,5 +1,6 @@
 """The SING and POD environments and platform detection, over the platforms' documented examples."""
 
+import logging
 import os
 import re
 import socket
@@ -12,6 +13,7 @@ import pytest
 from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+from trainkit.cluster import waiting
 from trainkit.cluster.arrival import wait_for_every_process
 from trainkit.cluster.launch_variables import ClusterConfigError
 from trainkit.cluster.node_level import wait_until_resolvable
@@ -481,6 +483,7 @@ def test_roll_call_names_the_node_that_did_not_arrive():
 CHECK_IN = """
 import sys
 from datetime import timedelta
+from trainkit.cluster import waiting
 from trainkit.cluster.arrival import wait_for_every_process
 port, rank, world_size = map(int, sys.argv[1:])
 try:
@@ -559,6 +562,37 @@ def test_another_program_on_the_main_port_ends_the_other_nodes_within_the_join_t
 def test_unresolvable_main_address_fails_after_the_timeout_naming_the_host():
     with pytest.raises(ClusterConfigError, match=r"'test-0\.no-such-service\.invalid' did not resolve within 0\.3 s"):
         wait_until_resolvable("test-0.no-such-service.invalid", timeout=0.3, interval=0.1)
+
+
+@pytest.fixture
+def reminders(monkeypatch, caplog):
+    """The waits' reminders every 0.3 s rather than every minute; what they said."""
+    monkeypatch.setattr(waiting, "EVERY_SECONDS", 0.3)
+    caplog.set_level(logging.INFO, logger=waiting.__name__)
+    return caplog
+
+
+def test_a_main_address_that_does_not_resolve_yet_is_waited_for_saying_so(reminders):
+    with pytest.raises(ClusterConfigError):
+        wait_until_resolvable("test-0.no-such-service.invalid", timeout=1, interval=0.1)
+    assert "waiting for the main address 'test-0.no-such-service.invalid' to resolve" in reminders.text
+    assert "giving up after 1 s (cluster.address_timeout)" in reminders.text
+
+
+@pytest.mark.parametrize(
+    "wait, waiting_for",
+    [
+        (lambda port: roll_call("127.0.0.1", port, 0, 3, 2, "RANK", timedelta(seconds=1)), "node 1, 2"),
+        (lambda port: wait_for_every_process("127.0.0.1", port, 0, 2, 1, timedelta(seconds=1)), "global rank 1"),
+    ],
+    ids=["nodes", "processes"],
+)
+def test_a_job_waiting_to_form_says_for_whom_now_and_then(reminders, wait, waiting_for):
+    port = free_port()
+    with pytest.raises(NodesDidNotArrive):
+        wait(port)
+    reminder = f"waiting for {waiting_for} to join at 127.0.0.1:{port}; giving up after 0:00:01 (cluster.join_timeout)"
+    assert reminder in reminders.text
 
 
 def test_settings_default_timeout_is_far_below_torchs_30_minutes():

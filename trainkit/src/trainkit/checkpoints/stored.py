@@ -301,7 +301,7 @@ def keep_run_id_in_store(store: ObjectStore, checkpoints: Path) -> str:
             found = store.read(RUN_ID)
     kept = found[0].decode().strip()
     if kept != ours:
-        replacement = id_file.with_name(f".{id_file.name}.{os.getpid()}")
+        replacement = id_file.with_name(f".{id_file.name}.{uuid.uuid4().hex[:8]}")  # pids repeat across nodes
         replacement.write_text(kept)
         os.replace(replacement, id_file)
     return kept

@@ -18,6 +18,7 @@ from lightning.pytorch.strategies import ParallelStrategy
 from torch.distributed import DistError, TCPStore
 
 from trainkit.cluster.roll_call import MainPortTaken, NodesDidNotArrive, join_main_store
+from trainkit.cluster.waiting import Reminder, log
 
 POLL_SECONDS = 0.2
 
@@ -45,13 +46,17 @@ def wait_for_every_process(
     try:
         store.set(f"{prefix}{global_rank}", socket.gethostname())
         store.add(f"{prefix}count", 1)
+        reminder = Reminder()
         while store.add(f"{prefix}count", 0) < world_size:
+            if reminder.due():
+                log.info(f"waiting for global rank {', '.join(map(str, _missing(store, prefix, world_size)))} to"
+                         f" join at {address}:{port}; giving up after {timeout} (cluster.join_timeout)")  # fmt: skip
             if time.monotonic() > deadline:
-                missing = [rank for rank in range(world_size) if not store.check([f"{prefix}{rank}"])]
-                nodes = sorted({rank // processes_per_node for rank in missing})
+                absent = _missing(store, prefix, world_size)
+                nodes = sorted({rank // processes_per_node for rank in absent})
                 raise NodesDidNotArrive(
-                    f"only {world_size - len(missing)} of {world_size} processes joined at {address}:{port} within"
-                    f" {timeout} (cluster.join_timeout): global rank {', '.join(map(str, missing))} of node"
+                    f"only {world_size - len(absent)} of {world_size} processes joined at {address}:{port} within"
+                    f" {timeout} (cluster.join_timeout): global rank {', '.join(map(str, absent))} of node"
                     f" {', '.join(map(str, nodes))} did not arrive. Check that every node was started and can reach"
                     " that address."
                 )
@@ -61,6 +66,11 @@ def wait_for_every_process(
             f"the main node at {address}:{port} stopped answering while the job formed: node 0 ended (see its log)"
         ) from None
     return store
+
+
+def _missing(store: TCPStore, prefix: str, world_size: int) -> list[int]:
+    """The global ranks that have not checked in."""
+    return [rank for rank in range(world_size) if not store.check([f"{prefix}{rank}"])]
 
 
 def wait_for_the_job(strategy: ParallelStrategy, timeout: timedelta) -> TCPStore | None:

@@ -18,11 +18,13 @@ from torch.distributed import TCPStore
 from trainkit.cluster.launch_variables import ClusterConfigError, require_port
 from trainkit.cluster.roll_call import roll_call
 from trainkit.cluster.settings import DEFAULT_MAIN_PORT, ClusterSettings
+from trainkit.cluster.waiting import Reminder, log
 
 
 def wait_until_resolvable(host: str, timeout: float, interval: float = 2.0) -> None:
     """Return once `host` resolves; raise ClusterConfigError naming it after `timeout` seconds."""
     deadline = time.monotonic() + timeout
+    reminder = Reminder()
     while True:
         try:
             socket.getaddrinfo(host, None)
@@ -32,6 +34,9 @@ def wait_until_resolvable(host: str, timeout: float, interval: float = 2.0) -> N
                 raise ClusterConfigError(
                     f"main address {host!r} did not resolve within {timeout:g} s ({error.strerror})"
                 ) from None
+            if reminder.due():
+                log.info(f"waiting for the main address {host!r} to resolve ({error.strerror}); giving up after"
+                         f" {timeout:g} s (cluster.address_timeout)")  # fmt: skip
             time.sleep(interval)
 
 

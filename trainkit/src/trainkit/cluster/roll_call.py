@@ -18,6 +18,7 @@ from torch.distributed import DistNetworkError, TCPStore
 
 from trainkit.cluster.launch_variables import ClusterConfigError
 from trainkit.cluster.store_client import NotAStore, connect_to_store
+from trainkit.cluster.waiting import Reminder, log
 
 POLL_SECONDS = 0.2
 # A node 0 that finds its port taken asks whether another node 0 of this job serves the store there.
@@ -110,11 +111,15 @@ def join_main_store(address: str, port: int, timeout: timedelta) -> TCPStore:
 def _wait_for_every_node(store: TCPStore, num_nodes: int, address: str, port: int, timeout: timedelta) -> list[Answer]:
     deadline = time.monotonic() + timeout.total_seconds()
     keys = [_key(rank) for rank in range(num_nodes)]
+    reminder = Reminder()
     while not store.check(keys):
         if store.check(["roll-call/refused"]):
             raise ClusterConfigError(store.get("roll-call/refused").decode())
+        if reminder.due():
+            log.info(f"waiting for node {', '.join(_missing(store, keys))} to join at {address}:{port}; giving up"
+                     f" after {timeout} (cluster.join_timeout)")  # fmt: skip
         if time.monotonic() > deadline:
-            missing = [str(rank) for rank, key in enumerate(keys) if not store.check([key])]
+            missing = _missing(store, keys)
             raise NodesDidNotArrive(
                 f"only {num_nodes - len(missing)} of {num_nodes} nodes joined at {address}:{port} within {timeout}"
                 f" (cluster.join_timeout): node {', '.join(missing)} did not arrive. Check that every node was started"
@@ -122,6 +127,11 @@ def _wait_for_every_node(store: TCPStore, num_nodes: int, address: str, port: in
             )
         time.sleep(POLL_SECONDS)
     return [Answer(**json.loads(store.get(key))) for key in keys]
+
+
+def _missing(store: TCPStore, keys: list[str]) -> list[str]:
+    """The node ranks whose answer is not in the store."""
+    return [str(rank) for rank, key in enumerate(keys) if not store.check([key])]
 
 
 def _key(node_rank: int) -> str:
