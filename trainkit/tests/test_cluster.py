@@ -433,8 +433,16 @@ def test_a_process_that_another_launcher_started_is_not_claimed(environ, environ
 ANSWER_ROLL_CALL = """
 import sys
 from datetime import timedelta
+from trainkit.cluster import roll_call as module
 from trainkit.cluster.roll_call import roll_call
-port, node_rank, num_nodes, processes, seconds = map(int, sys.argv[1:])
+port, node_rank, num_nodes, processes, seconds, answer_after = map(int, sys.argv[1:])
+if answer_after >= 0:  # this node answers only once that node has: it is the last to answer
+    open_store = module._open_store
+    def open_store_then_wait(*args, **kwargs):
+        store = open_store(*args, **kwargs)
+        store.wait([f"roll-call/node-{answer_after}"])
+        return store
+    module._open_store = open_store_then_wait
 try:
     roll_call("127.0.0.1", port, node_rank, num_nodes, processes, "RANK", timedelta(seconds=seconds))
     print("joined")
@@ -443,11 +451,16 @@ except Exception as error:
 """
 
 
-def answer_roll_calls(nodes: list[tuple[int, int]], num_nodes: int = 2, seconds: int = 20) -> list[str]:
-    """Each (node rank, processes) answers the roll call in a process of its own; what each one ended with."""
+def answer_roll_calls(
+    nodes: list[tuple[int, int]], num_nodes: int = 2, seconds: int = 20, main_answers_after: int = -1
+) -> list[str]:
+    """Each (node rank, processes) answers the roll call in a process of its own; what each one ended with.
+
+    `main_answers_after`: node 0 answers only once that node has."""
     port, answering = free_port(), []
     for node_rank, processes in nodes:
-        arguments = [str(value) for value in (port, node_rank, num_nodes, processes, seconds)]
+        answer_after = main_answers_after if node_rank == 0 else -1
+        arguments = [str(value) for value in (port, node_rank, num_nodes, processes, seconds, answer_after)]
         answering.append(subprocess.Popen([sys.executable, "-c", ANSWER_ROLL_CALL, *arguments], env=clean_env(),
                                           stdout=subprocess.PIPE, text=True))  # fmt: skip
         time.sleep(0.5)  # node 0 first: it serves the store
@@ -470,6 +483,14 @@ def test_roll_call_names_nodes_that_start_different_numbers_of_processes():
     assert outcomes[0] == outcomes[1], outcomes
     assert outcomes[0].startswith("ClusterConfigError: the nodes start different numbers of processes (node 0")
     assert " 2, node 1 " in outcomes[0] and outcomes[0].split("node 1 ")[1].startswith("(")
+
+
+def test_a_main_node_that_answers_last_and_refuses_lets_every_node_hear_why():
+    # Node 0 serves the store and ends on the verdict; a node polling the store must read it before it goes.
+    for _ in range(3):
+        outcomes = answer_roll_calls([(0, 2), (1, 3)], main_answers_after=1)
+        assert outcomes[0] == outcomes[1], outcomes
+        assert outcomes[1].startswith("ClusterConfigError: the nodes start different numbers of processes"), outcomes
 
 
 def test_roll_call_names_the_node_that_did_not_arrive():

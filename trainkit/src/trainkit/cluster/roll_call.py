@@ -4,17 +4,20 @@ SING and POD start every node on its own: two nodes given the same rank, or star
 different numbers of processes, would otherwise wait for each other until the timeout and fail as
 "a node did not arrive". Each node's first process answers a roll call in the key-value store of
 the main node (the one torch's process group uses next, on the same port) and waits until every
-node has answered, or one refused.
+node has answered, or one refused. A node that ends on the roll call's verdict says it has heard it,
+and node 0, whose process serves the store, waits for that briefly before it ends: the others read
+why the job cannot form, rather than lose the main node mid-question.
 """
 
 import json
 import os
 import socket
 import time
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-from torch.distributed import DistNetworkError, TCPStore
+from torch.distributed import DistError, DistNetworkError, TCPStore
 
 from trainkit.cluster.launch_variables import ClusterConfigError
 from trainkit.cluster.store_client import NotAStore, connect_to_store
@@ -23,6 +26,9 @@ from trainkit.cluster.waiting import Reminder, log
 POLL_SECONDS = 0.2
 # A node 0 that finds its port taken asks whether another node 0 of this job serves the store there.
 TAKEN_PORT_ANSWERS_WITHIN = timedelta(seconds=5)
+# Node 0 keeps the store open at most this long for the others to read the verdict (they poll every POLL_SECONDS).
+VERDICT_HEARD_WITHIN = timedelta(seconds=10)
+PRESENT, HEARD = "roll-call/present", "roll-call/heard"
 
 
 class NodesDidNotArrive(RuntimeError):
@@ -57,6 +63,26 @@ def roll_call(
 ) -> TCPStore:
     """Answer for this node and wait for the others; the store, which node 0 must keep open for torch to reuse."""
     store = _open_store(address, port, is_main=node_rank == 0, timeout=timeout)
+    store.add(PRESENT, 1)
+    try:
+        _answer(store, address, port, node_rank, num_nodes, processes, rank_variable, timeout)
+    except ClusterConfigError:
+        _hear_the_verdict(store, serves=node_rank == 0)
+        raise
+    return store
+
+
+def _answer(
+    store: TCPStore,
+    address: str,
+    port: int,
+    node_rank: int,
+    num_nodes: int,
+    processes: int,
+    rank_variable: str,
+    timeout: timedelta,
+) -> None:
+    """Answer for this node and wait for every other; ClusterConfigError when the nodes disagree."""
     here = Answer(socket.gethostname(), os.getpid(), processes)
     answered = store.compare_set(_key(node_rank), "", json.dumps(asdict(here))).decode()
     if answered != json.dumps(asdict(here)):
@@ -74,7 +100,17 @@ def roll_call(
             f"the nodes start different numbers of processes ({each}): every node must start the same number;"
             " set trainer.devices alike on every node"
         )
-    return store
+
+
+def _hear_the_verdict(store: TCPStore, serves: bool) -> None:
+    """Say that this node heard why the job cannot form; the node serving the store first waits until every node
+    present has said so (or VERDICT_HEARD_WITHIN has passed)."""
+    with suppress(DistError):  # a node whose main node has gone already has nothing left to tell
+        heard = store.add(HEARD, 1)
+        deadline = time.monotonic() + VERDICT_HEARD_WITHIN.total_seconds()
+        while serves and heard < store.add(PRESENT, 0) and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            heard = store.add(HEARD, 0)
 
 
 def _open_store(address: str, port: int, is_main: bool, timeout: timedelta) -> TCPStore:
