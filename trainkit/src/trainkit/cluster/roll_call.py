@@ -13,7 +13,8 @@ import json
 import os
 import socket
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
@@ -64,53 +65,41 @@ def roll_call(
     """Answer for this node and wait for the others; the store, which node 0 must keep open for torch to reuse."""
     store = _open_store(address, port, is_main=node_rank == 0, timeout=timeout)
     store.add(PRESENT, 1)
-    try:
-        _answer(store, address, port, node_rank, num_nodes, processes, rank_variable, timeout)
-    except ClusterConfigError:
-        _hear_the_verdict(store, serves=node_rank == 0)
-        raise
+    with _every_node_hears_the_verdict(store, serves=node_rank == 0):
+        here = Answer(socket.gethostname(), os.getpid(), processes)
+        answered = store.compare_set(_key(node_rank), "", json.dumps(asdict(here))).decode()
+        if answered != json.dumps(asdict(here)):
+            refusal = (
+                f"two nodes claim node rank {node_rank}: {here.where()} and {Answer(**json.loads(answered)).where()};"
+                f" give each node its own {rank_variable} (0..{num_nodes - 1})"
+            )
+            store.set("roll-call/refused", refusal)
+            raise ClusterConfigError(refusal)
+        answers = _wait_for_every_node(store, num_nodes, address, port, timeout)
+        counts = {answer.processes for answer in answers}
+        if len(counts) > 1:
+            each = ", ".join(f"node {rank} ({answer.host}) {answer.processes}" for rank, answer in enumerate(answers))
+            raise ClusterConfigError(
+                f"the nodes start different numbers of processes ({each}): every node must start the same number;"
+                " set trainer.devices alike on every node"
+            )
     return store
 
 
-def _answer(
-    store: TCPStore,
-    address: str,
-    port: int,
-    node_rank: int,
-    num_nodes: int,
-    processes: int,
-    rank_variable: str,
-    timeout: timedelta,
-) -> None:
-    """Answer for this node and wait for every other; ClusterConfigError when the nodes disagree."""
-    here = Answer(socket.gethostname(), os.getpid(), processes)
-    answered = store.compare_set(_key(node_rank), "", json.dumps(asdict(here))).decode()
-    if answered != json.dumps(asdict(here)):
-        refusal = (
-            f"two nodes claim node rank {node_rank}: {here.where()} and {Answer(**json.loads(answered)).where()};"
-            f" give each node its own {rank_variable} (0..{num_nodes - 1})"
-        )
-        store.set("roll-call/refused", refusal)
-        raise ClusterConfigError(refusal)
-    answers = _wait_for_every_node(store, num_nodes, address, port, timeout)
-    counts = {answer.processes for answer in answers}
-    if len(counts) > 1:
-        each = ", ".join(f"node {rank} ({answer.host}) {answer.processes}" for rank, answer in enumerate(answers))
-        raise ClusterConfigError(
-            f"the nodes start different numbers of processes ({each}): every node must start the same number;"
-            " set trainer.devices alike on every node"
-        )
-
-
-def _hear_the_verdict(store: TCPStore, serves: bool) -> None:
-    """Say that this node heard why the job cannot form; the node serving the store first waits until every node
-    present has said so (or VERDICT_HEARD_WITHIN has passed)."""
-    with suppress(DistError):  # a node whose main node has gone already has nothing left to tell
-        heard = store.add(HEARD, 1)
-        deadline = time.monotonic() + VERDICT_HEARD_WITHIN.total_seconds()
-        while serves and heard < store.add(PRESENT, 0) and time.monotonic() < deadline:
-            time.sleep(POLL_SECONDS)
-            heard = store.add(HEARD, 0)
+@contextmanager
+def _every_node_hears_the_verdict(store: TCPStore, serves: bool) -> Iterator[None]:
+    """On the roll call's ClusterConfigError, this node says it heard the verdict before it ends; the node serving
+    the store first waits until every node present has said so (or VERDICT_HEARD_WITHIN has passed)."""
+    try:
+        yield
+    except ClusterConfigError:
+        with suppress(DistError):  # a node whose main node has gone already has nothing left to tell
+            heard = store.add(HEARD, 1)
+            deadline = time.monotonic() + VERDICT_HEARD_WITHIN.total_seconds()
+            while serves and heard < store.add(PRESENT, 0) and time.monotonic() < deadline:
+                time.sleep(POLL_SECONDS)
+                heard = store.add(HEARD, 0)
+        raise
 
 
 def _open_store(address: str, port: int, is_main: bool, timeout: timedelta) -> TCPStore:
