@@ -143,10 +143,16 @@ def _tensors(value: Any) -> Iterator[Tensor]:
             yield from _tensors(item)
 
 
+def hidden_name_beside(path: Path, purpose: str = "") -> Path:
+    """A hidden name in `path`'s directory that no other process picks, also one on another node sharing the
+    directory (a pid would repeat there: the first process of every container is 1)."""
+    return path.with_name(f".{path.name}.{purpose}{uuid.uuid4().hex[:8]}")
+
+
 def _write_atomically(checkpoint: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Created as open() creates any file (0666 less the umask), not private as tempfile would.
-    temporary_path = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    temporary_path = hidden_name_beside(path)
     with open(temporary_path, "xb") as temporary:
         try:
             torch.save(checkpoint, temporary)

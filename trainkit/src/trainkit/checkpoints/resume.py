@@ -26,7 +26,6 @@ import pickle
 import re
 import shutil
 import time
-import uuid
 import warnings
 import zipfile
 from collections.abc import Iterable
@@ -37,7 +36,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from trainkit.checkpoints.disk import checkpoint_dirs
-from trainkit.checkpoints.io import PLAIN_DATA, refusal_reason
+from trainkit.checkpoints.io import PLAIN_DATA, hidden_name_beside, refusal_reason
 from trainkit.checkpoints.sharded_format import COMMIT_MARKER, checkpoint_meta, is_sharded, sharded_damage
 from trainkit.checkpoints.stored import POINTER, StoredCheckpointIO, sha256_of, step_of, stored_versions
 from trainkit.run.errors import ConfigError
@@ -172,7 +171,7 @@ def download_checkpoint(store: ObjectStore, name: str, target: Path, sha256: str
 
 def _download_file(store: ObjectStore, name: str, target: Path, sha256: str | None) -> Path:
     # Each process downloads its own copy and renames it into place: processes sharing the directory agree.
-    partial = _hidden_copy(target)
+    partial = hidden_name_beside(target, "download-")
     try:
         store.download(name, partial)
         if sha256 and sha256_of(partial) != sha256:
@@ -200,7 +199,7 @@ def _download_sharded(store: ObjectStore, name: str, target: Path, sha256: str |
         files = list(json.loads(marker)["files"])
     except (ValueError, KeyError, TypeError):
         files = []  # the check below says what is wrong with the marker
-    partial = _hidden_copy(target)
+    partial = hidden_name_beside(target, "download-")
     try:
         partial.mkdir()
         (partial / COMMIT_MARKER).write_bytes(marker)
@@ -239,11 +238,6 @@ def _holds(directory: Path, marker: bytes) -> bool:
         return (directory / COMMIT_MARKER).read_bytes() == marker
     except OSError:  # not there, not a directory, or without a marker
         return False
-
-
-def _hidden_copy(target: Path) -> Path:
-    # A name of its own for each process, also on another node sharing the directory (where pids may repeat).
-    return target.with_name(f".{target.name}.download-{uuid.uuid4().hex[:8]}")
 
 
 def _global_step(path: Path) -> int:

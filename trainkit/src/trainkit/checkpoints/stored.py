@@ -29,7 +29,6 @@ import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 
 from pydantic import PositiveFloat, PositiveInt
 
-from trainkit.checkpoints.io import AtomicCheckpointIO
+from trainkit.checkpoints.io import AtomicCheckpointIO, hidden_name_beside
 from trainkit.checkpoints.saving import CheckpointSavingSettings
 from trainkit.checkpoints.sharded_format import COMMIT_MARKER
 from trainkit.store.object_store import ObjectStore, StoreConflict, StoreError
@@ -301,7 +300,7 @@ def keep_run_id_in_store(store: ObjectStore, checkpoints: Path) -> str:
             found = store.read(RUN_ID)
     kept = found[0].decode().strip()
     if kept != ours:
-        replacement = id_file.with_name(f".{id_file.name}.{uuid.uuid4().hex[:8]}")  # pids repeat across nodes
+        replacement = hidden_name_beside(id_file)
         replacement.write_text(kept)
         os.replace(replacement, id_file)
     return kept
@@ -310,7 +309,7 @@ def keep_run_id_in_store(store: ObjectStore, checkpoints: Path) -> str:
 def _snapshot(path: Path) -> Path:
     """A second name for this version of a checkpoint file (of each file of a sharded one): its upload reads that, even
     if the next save replaces `path`, or the sharded strategy removes the directory."""
-    snapshot = path.with_name(f".{path.name}.upload-{uuid.uuid4().hex[:8]}")
+    snapshot = hidden_name_beside(path, "upload-")
     if path.is_dir():
         snapshot.mkdir()
         for file in path.iterdir():

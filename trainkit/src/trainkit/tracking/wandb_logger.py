@@ -6,7 +6,6 @@ import os
 import secrets
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Mapping
 from netrc import NetrcParseError, netrc
 from pathlib import Path
@@ -18,6 +17,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+from trainkit.checkpoints.io import hidden_name_beside
 from trainkit.run.wandb_service import leave_wandb
 
 if TYPE_CHECKING:
@@ -121,9 +121,8 @@ def keep_wandb_run_id(logger: Namespace, checkpoints: Path) -> None:
     id_file = checkpoints / "wandb-run-id"
     if not id_file.exists():
         checkpoints.mkdir(parents=True, exist_ok=True)
-        # Several processes may get here at once: the first to link its id into place wins. Each writes its
-        # own candidate: pids repeat across the nodes that share this directory (a container's first is 1).
-        candidate = checkpoints / f".wandb-run-id.{uuid.uuid4().hex[:8]}"
+        # Several processes may get here at once: the first to link its id into place wins.
+        candidate = hidden_name_beside(id_file)
         candidate.write_text(secrets.token_hex(4))  # wandb's own ids are 8 characters too
         try:
             os.link(candidate, id_file)
