@@ -3,7 +3,8 @@
 A container is a PID namespace of its own, so every node's first process has the same pid: a file
 name made from the pid is the same file on every node. Threads of one process have one pid too, so
 here each node is a thread, and all of them write the run's wandb id into one directory at once,
-round after round, switching between threads as often as Python lets them.
+round after round, switching between threads as often as Python lets them. Containers that share the
+host's network (`--network host`) share its host name too, so neither can tell two nodes apart.
 """
 
 import sys
@@ -58,3 +59,25 @@ def test_nodes_whose_processes_have_the_same_pid_agree_on_the_runs_wandb_id(tmp_
         checkpoints = tmp_path / f"round-{round}" / "checkpoints"
         assert (checkpoints / RUN_ID).read_text() == STORED_ID
         assert [path.name for path in checkpoints.iterdir()] == [RUN_ID], "a node left its own file behind"
+
+
+def test_nodes_whose_processes_have_the_same_host_and_pid_check_the_checkpoint_store_at_once(tmp_path, switching_often):
+    together = threading.Barrier(NODES)
+    failures: list[BaseException] = []
+
+    def node() -> None:
+        store = open_store(f"file://{tmp_path}/store", 10)
+        for _ in range(ROUNDS):
+            together.wait()
+            try:
+                store.check(writable=True)  # each process of the job, before training
+            except Exception as error:
+                failures.append(error)
+
+    nodes = [threading.Thread(target=node) for _ in range(NODES)]
+    for thread in nodes:
+        thread.start()
+    for thread in nodes:
+        thread.join()
+    assert not failures, failures[:3]
+    assert not list((tmp_path / "store").iterdir()), "a node left its probe behind"

@@ -9,10 +9,10 @@ Every failure is a StoreError: one line that names the URL and what is wrong.
 
 import hashlib
 import json
-import os
 import posixpath
 import shutil
 import socket
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -236,4 +236,5 @@ def _tag(data: bytes) -> str:
 
 
 def _unique() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+    # Not the host and pid: containers sharing the host's network share its name, and their first processes a pid.
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
