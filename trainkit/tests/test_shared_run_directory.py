@@ -9,6 +9,7 @@ host's network (`--network host`) share its host name too, so neither can tell t
 
 import sys
 import threading
+from collections.abc import Callable
 
 import pytest
 from jsonargparse import Namespace
@@ -31,20 +32,16 @@ def switching_often():
     sys.setswitchinterval(interval)
 
 
-def test_nodes_whose_processes_have_the_same_pid_agree_on_the_runs_wandb_id(tmp_path, switching_often):
-    for round in range(ROUNDS):
-        open_store(f"file://{tmp_path}/store-{round}", 10).write(RUN_ID, STORED_ID.encode(), replacing=None)
+def every_node_at_once(step: Callable[[int], None]) -> list[BaseException]:
+    """NODES threads run `step(round)` for every round, all starting each round together; what they raised."""
     together = threading.Barrier(NODES)
     failures: list[BaseException] = []
-    kept: dict[int, set[str]] = {round: set() for round in range(ROUNDS)}
 
     def node() -> None:
         for round in range(ROUNDS):
             together.wait()
-            checkpoints = tmp_path / f"round-{round}" / "checkpoints"
             try:
-                keep_wandb_run_id(Namespace(init_args=Namespace(id=None)), checkpoints)
-                kept[round].add(keep_run_id_in_store(open_store(f"file://{tmp_path}/store-{round}", 10), checkpoints))
+                step(round)
             except Exception as error:
                 failures.append(error)
 
@@ -53,6 +50,20 @@ def test_nodes_whose_processes_have_the_same_pid_agree_on_the_runs_wandb_id(tmp_
         thread.start()
     for thread in nodes:
         thread.join()
+    return failures
+
+
+def test_nodes_whose_processes_have_the_same_pid_agree_on_the_runs_wandb_id(tmp_path, switching_often):
+    for round in range(ROUNDS):
+        open_store(f"file://{tmp_path}/store-{round}", 10).write(RUN_ID, STORED_ID.encode(), replacing=None)
+    kept: dict[int, set[str]] = {round: set() for round in range(ROUNDS)}
+
+    def start_logging(round: int) -> None:
+        checkpoints = tmp_path / f"round-{round}" / "checkpoints"
+        keep_wandb_run_id(Namespace(init_args=Namespace(id=None)), checkpoints)
+        kept[round].add(keep_run_id_in_store(open_store(f"file://{tmp_path}/store-{round}", 10), checkpoints))
+
+    failures = every_node_at_once(start_logging)
     assert not failures, failures[:3]
     assert all(ids == {STORED_ID} for ids in kept.values()), kept  # every node logs to the run the store keeps
     for round in range(ROUNDS):
@@ -62,22 +73,7 @@ def test_nodes_whose_processes_have_the_same_pid_agree_on_the_runs_wandb_id(tmp_
 
 
 def test_nodes_whose_processes_have_the_same_host_and_pid_check_the_checkpoint_store_at_once(tmp_path, switching_often):
-    together = threading.Barrier(NODES)
-    failures: list[BaseException] = []
-
-    def node() -> None:
-        store = open_store(f"file://{tmp_path}/store", 10)
-        for _ in range(ROUNDS):
-            together.wait()
-            try:
-                store.check(writable=True)  # each process of the job, before training
-            except Exception as error:
-                failures.append(error)
-
-    nodes = [threading.Thread(target=node) for _ in range(NODES)]
-    for thread in nodes:
-        thread.start()
-    for thread in nodes:
-        thread.join()
+    store = open_store(f"file://{tmp_path}/store", 10)
+    failures = every_node_at_once(lambda round: store.check(writable=True))  # each process, before training
     assert not failures, failures[:3]
     assert not list((tmp_path / "store").iterdir()), "a node left its probe behind"
