@@ -23,11 +23,12 @@ from torch.distributed import DistError, DistNetworkError, TCPStore
 from trainkit.cluster.launch_variables import ClusterConfigError
 from trainkit.cluster.store_client import NotAStore, connect_to_store
 from trainkit.cluster.waiting import Reminder, log
+from trainkit.run.lost_peers import wait_until
 
 POLL_SECONDS = 0.2
 # A node 0 that finds its port taken asks whether another node 0 of this job serves the store there.
 TAKEN_PORT_ANSWERS_WITHIN = timedelta(seconds=5)
-# Node 0 keeps the store open at most this long for the others to read the verdict (they poll every POLL_SECONDS).
+# Node 0 keeps the store open at most this long for the others to read the verdict.
 VERDICT_HEARD_WITHIN = timedelta(seconds=10)
 PRESENT, HEARD = "roll-call/present", "roll-call/heard"
 
@@ -63,9 +64,10 @@ def roll_call(
     address: str, port: int, node_rank: int, num_nodes: int, processes: int, rank_variable: str, timeout: timedelta
 ) -> TCPStore:
     """Answer for this node and wait for the others; the store, which node 0 must keep open for torch to reuse."""
-    store = _open_store(address, port, is_main=node_rank == 0, timeout=timeout)
+    main = node_rank == 0
+    store = _open_store(address, port, is_main=main, timeout=timeout)
     store.add(PRESENT, 1)
-    with _every_node_hears_the_verdict(store, serves=node_rank == 0):
+    with _every_node_hears_the_verdict(store, serves=main):
         here = Answer(socket.gethostname(), os.getpid(), processes)
         answered = store.compare_set(_key(node_rank), "", json.dumps(asdict(here))).decode()
         if answered != json.dumps(asdict(here)):
@@ -94,11 +96,9 @@ def _every_node_hears_the_verdict(store: TCPStore, serves: bool) -> Iterator[Non
         yield
     except ClusterConfigError:
         with suppress(DistError):  # a node whose main node has gone already has nothing left to tell
-            heard = store.add(HEARD, 1)
-            deadline = time.monotonic() + VERDICT_HEARD_WITHIN.total_seconds()
-            while serves and heard < store.add(PRESENT, 0) and time.monotonic() < deadline:
-                time.sleep(POLL_SECONDS)
-                heard = store.add(HEARD, 0)
+            store.add(HEARD, 1)
+            if serves:
+                wait_until(lambda: store.add(HEARD, 0) >= store.add(PRESENT, 0), VERDICT_HEARD_WITHIN.total_seconds())
         raise
 
 
