@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader, IterableDataset, SubsetRandomSampler, TensorDataset, WeightedRandomSampler
 
 from trainkit.data.resumable import ResumableData, ResumableDataLoader, ResumableSampler
@@ -149,16 +150,60 @@ class TrainsOnEach(TinyClassifier):
         return sum(super(TrainsOnEach, self).training_step(batch, batch_idx) for batch in batches.values())
 
 
-def test_several_training_loaders_are_left_as_they_are_in_one_line():
+class KeepPlaces(Callback):
+    """Keeps the state each training loader would save in a checkpoint, before each batch."""
+
+    def __init__(self) -> None:
+        self.places: list[dict] = []
+
+    def on_train_batch_start(self, trainer: Trainer, *args) -> None:
+        loaders = trainer.fit_loop._combined_loader.iterables
+        self.places.append({name: loader.state_dict()["samples"] for name, loader in loaders.items()})
+
+
+def test_several_training_loaders_are_each_rebuilt_and_keep_their_place_in_their_own_pass():
     # Semi-supervised: Lightning combines the loaders, cycling the shorter one ("max_size_cycle").
+    labeled, unlabeled = random_images(16), random_images(40)
+    loaders = {"labeled": DataLoader(labeled, batch_size=4, shuffle=True),
+               "unlabeled": DataLoader(unlabeled, batch_size=4, shuffle=True)}  # fmt: skip
+    places, kept = KeepPlaces(), KeepBatches()
+    trainer = Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[ResumableData(), kept, places])  # fmt: skip
+    trainer.fit(TrainsOnEach(), TrainLoaders(loaders))
+
+    assert all(isinstance(loader, ResumableDataLoader) and loader.combined for loader in kept.loader.values())
+    assert len(kept.batches) == 10, "an epoch is the longer loader's"
+    passes = [torch.cat([batch["labeled"][0] for batch in kept.batches[start : start + 4]]) for start in (0, 4)]
+    assert torch.equal(passes[0], passes[1]), "each pass of the shorter loader in the epoch in the epoch's order"
+    assert sorted(passes[0].flatten().tolist()) == sorted(labeled.tensors[0].flatten().tolist())
+    # Before batch k, the job has trained on k batches of the unlabeled and k % 4 of the labeled loader's pass.
+    assert places.places == [{"labeled": k % 4 * 4, "unlabeled": k * 4} for k in range(10)]
+
+
+def test_combined_loaders_resumed_on_another_number_of_processes_start_the_epoch_over_in_one_line():
     loaders = {"labeled": DataLoader(random_images(16), batch_size=4, shuffle=True),
                "unlabeled": DataLoader(random_images(40), batch_size=4, shuffle=True)}  # fmt: skip
+    labeled = fit(TrainLoaders(loaders), model=TrainsOnEach()).loader["labeled"]
+    with pytest.warns(UserWarning) as said:
+        labeled.load_state_dict({"epoch": 0, "samples": 8, "processes": 2})  # a checkpoint of 2 processes
+    assert labeled.sampler.resumed == (0, 0)
+    assert [str(warning.message) for warning in said] == [
+        "exact resume: the training loaders, which Lightning combines, were on 2 processes and are on 1, so a resume"
+        ' mid-epoch starts the epoch over (docs/data.md, "Which training loaders resume mid-epoch")'
+    ]
+
+
+def test_loaders_combined_where_one_that_ran_out_gives_none_are_left_as_they_are_in_one_line():
+    loaders = CombinedLoader({"labeled": DataLoader(random_images(16), batch_size=4, shuffle=True),
+                              "unlabeled": DataLoader(random_images(40), batch_size=4, shuffle=True)},
+                             mode="max_size")  # fmt: skip
     with pytest.warns(UserWarning, match=r"^exact resume: the training loaders ") as said:
-        kept = fit(TrainLoaders(loaders), batches=1.0, model=TrainsOnEach())
-    assert kept.loader == loaders and len(kept.batches) == 10
+        kept = fit(TrainLoaders(loaders), batches=4, model=TrainsOnEach())  # before the shorter one runs out
+    assert not any(isinstance(loader, ResumableDataLoader) for loader in kept.loader.values())
     assert [str(warning.message) for warning in said if "exact resume" in str(warning.message)] == [
-        "exact resume: the training loaders are 2, which Lightning combines, so a resume mid-epoch starts the epoch"
-        ' over (docs/data.md, "Which training loaders resume mid-epoch")'
+        'exact resume: the training loaders are combined in mode "max_size", where a loader that ran out gives None,'
+        ' so a resume mid-epoch starts the epoch over (docs/data.md, "Which training loaders resume mid-epoch")'
     ]
 
 

@@ -115,3 +115,14 @@ def test_the_drill_resumes_a_sampler_of_the_data_modules_to_the_same_weights(tmp
 
     SamplerPair.run_args = SamplerPair.args
     SamplerPair().drill(tmp_path, "--trainer.devices", "2")
+
+
+@pytest.mark.drills
+def test_the_drill_resumes_two_training_loaders_that_lightning_combines_to_the_same_weights(tmp_path: Path):
+    class SemiSupervisedPair(YourCodeContract):  # a batch of labeled rows and one of all rows, the labeled cycled
+        project = PROJECT_ROOT
+        args = (*EXPERIMENT, "--model", "tasks.regression.SemiSupervisedRegressor",
+                "--data", "tasks.regression.LabeledAndUnlabeled", "--best_checkpoint.monitor", "val_loss")  # fmt: skip
+
+    SemiSupervisedPair.run_args = SemiSupervisedPair.args
+    SemiSupervisedPair().drill(tmp_path, "--trainer.devices", "2")

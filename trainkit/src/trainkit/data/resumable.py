@@ -17,8 +17,10 @@ processes it has now.
 
 A `WeightedRandomSampler` and a `SubsetRandomSampler` (a split by indices) are rebuilt the same way: their draws
 and orders, too, come from the seed and the epoch.
-Loaders over an IterableDataset (litdata's streaming loader among them) keep their own state, and
-loaders with another sampler of their own are left as they are.
+Several training loaders that Lightning combines are each rebuilt so, each keeping its place in its own pass
+(Lightning starts a shorter one's pass again within the epoch). Loaders over an IterableDataset (litdata's
+streaming loader among them) keep their own state, and loaders with another sampler of their own are left as
+they are.
 """
 
 import functools
@@ -158,9 +160,12 @@ class ResumableDataLoader(DataLoader):
     epoch, not from torch's global generator, which checkpoints restore for the model's use.
     """
 
-    def __init__(self, *args: Any, trainer: Trainer | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, trainer: Trainer | None = None, combined: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.trainer = trainer
+        # One of several loaders Lightning combines, each giving a batch at every step: a shorter one starts a new
+        # pass of the same order when it runs out, so its place is in its current pass.
+        self.combined = combined
         if self.generator is None:
             self.generator = torch.Generator()
 
@@ -169,12 +174,20 @@ class ResumableDataLoader(DataLoader):
         # the iterator before it sets the epoch, and workers would start on the order at once.
         self.generator.manual_seed(getattr(self.sampler, "seed", 0) + getattr(self.sampler, "epoch", 0))
         yield from super().__iter__()
+        if self.combined and isinstance(self.sampler, ResumableSampler):
+            self.sampler.resumed = (0, 0)  # the pass a checkpoint ended in is over: the next one starts at the start
 
     def state_dict(self) -> dict[str, int]:
         # The job's place in the epoch, not this process's: the next run may have more or fewer processes.
         processes, epoch, trained = self.processes(), getattr(self.sampler, "epoch", 0), batches_trained(self.trainer)
         if trained is None:  # after an epoch's last batch, the next run starts the next epoch
             return {"epoch": epoch + 1, "samples": 0, "processes": processes}
+        if self.combined:  # a batch at each of the epoch's steps, a new pass after every len(self)
+            return {
+                "epoch": epoch,
+                "samples": trained % len(self) * self.batch_size * processes,
+                "processes": processes,
+            }
         # Every process has trained on as many batches, all whole ones, since this run went on with the epoch.
         samples = (trained - self.first_batch()) * self.batch_size * processes
         if isinstance(self.sampler, ResumableSampler):
@@ -189,9 +202,14 @@ class ResumableDataLoader(DataLoader):
         samples = state.get("samples", state.get("batches", 0) * self.batch_size * self.processes())
         self.sampler.set_epoch(state["epoch"])
         self.sampler.resumed = (state["epoch"], samples)
+        before, now = state.get("processes", self.processes()), self.processes()
+        if self.combined:
+            if samples and before != now:  # its place in a pass is in another number of batches per step now
+                self.sampler.resumed = (0, 0)
+                warn_not_resumable(f"loaders, which Lightning combines, were on {before} processes and are on {now}")
+            return
         if samples:  # mid-epoch
             count_batches_from(self.trainer, self.first_batch())
-            before, now = state.get("processes", self.processes()), self.processes()
             if before != now:
                 left = self.sampler.size - samples
                 say_resharded(before, now, left, again=-left % now)  # repeated to give every process as many
@@ -237,23 +255,31 @@ def warn_not_resumable(reason: str) -> None:
 
 
 def resumable_training(loaders: Any, trainer: Trainer) -> Any:
-    """The training loaders, each rebuilt by `resumable` where there is one; several are left as they are.
+    """The training loaders, each rebuilt by `resumable` where there is one.
 
-    Lightning combines several loaders (a dict or a list of them) and cycles the shorter ones through
-    an epoch: each one's place is not the Trainer's count of the epoch's batches, which this file keeps.
+    Lightning combines several loaders (a dict or a list of them, or a CombinedLoader of the data module's) into
+    one batch of each at every step. In its modes for training that give every loader's next batch at every step
+    ("max_size_cycle", its default, which starts a shorter loader's pass again when it runs out, and "min_size"),
+    each loader's place follows from the Trainer's count of the epoch's batches.
     """
-    leaves = CombinedLoader(loaders).flattened
-    if len(leaves) > 1 and not all(hasattr(leaf, "load_state_dict") for leaf in leaves):
-        warn_not_resumable(f"loaders are {len(leaves)}, which Lightning combines")
-        return apply_to_collection(loaders, DataLoader, with_own_generator)
-    return apply_to_collection(loaders, DataLoader, lambda loader: resumable(with_own_generator(loader), trainer))
+    combined = loaders if isinstance(loaders, CombinedLoader) else CombinedLoader(loaders, "max_size_cycle")
+    if len(combined.flattened) == 1 and combined is not loaders:  # one loader: the data module's own
+        return apply_to_collection(loaders, DataLoader, lambda loader: resumable(with_own_generator(loader), trainer))
+    leaves = [with_own_generator(leaf) if isinstance(leaf, DataLoader) else leaf for leaf in combined.flattened]
+    if combined._mode not in ("max_size_cycle", "min_size"):
+        warn_not_resumable(f'loaders are combined in mode "{combined._mode}", where a loader that ran out gives None')
+        combined.flattened = leaves
+    else:
+        combined.flattened = [resumable(leaf, trainer, combined=True) for leaf in leaves]
+    return loaders if combined is loaders else combined.iterables
 
 
-def resumable(loader: Any, trainer: Trainer) -> Any:
+def resumable(loader: Any, trainer: Trainer, combined: bool = False) -> Any:
     """`loader` rebuilt as a ResumableDataLoader with every argument it was given, when it is an ordinary one.
 
     An ordinary one is a plain DataLoader over a map-style dataset that batches with `batch_size`
     in a sequential, shuffled, weighted or subset's shuffled order (an IterableDataset's loader has none of them).
+    `combined`: it is one of several that Lightning combines (`resumable_training`).
     """
     if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
         return loader  # it resumes itself, and Lightning saves its state (torchdata's, litdata's)
@@ -277,7 +303,9 @@ def resumable(loader: Any, trainer: Trainer) -> Any:
         sampler = ResumableSampler(loader.dataset, num_replicas, rank, seed=seed, shuffle=shuffles(loader))
     # Lightning's own way of re-creating a loader with another sampler, which keeps its other arguments.
     args, kwargs = _get_dataloader_init_args_and_kwargs(loader, sampler)
-    return _reinstantiate_wrapped_cls(loader, *args, explicit_cls=ResumableDataLoader, trainer=trainer, **kwargs)
+    return _reinstantiate_wrapped_cls(
+        loader, *args, explicit_cls=ResumableDataLoader, trainer=trainer, combined=combined, **kwargs
+    )
 
 
 def with_own_generator(loader: DataLoader) -> DataLoader:

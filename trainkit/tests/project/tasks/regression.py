@@ -11,7 +11,14 @@ import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset, WeightedRandomSampler, random_split
+from torch.utils.data import (
+    DataLoader,
+    Subset,
+    SubsetRandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+    random_split,
+)
 
 from trainkit import ConfigError
 
@@ -61,6 +68,18 @@ class SplitByIndices(Table):
         return DataLoader(self.train.dataset, batch_size=self.batch_size, sampler=rows)
 
 
+class LabeledAndUnlabeled(Table):
+    """Semi-supervised: a quarter of the training rows labeled, and every training row's features. Two training loaders,
+    which Lightning combines into one batch of each, cycling the shorter one through the epoch."""
+
+    def train_dataloader(self) -> dict[str, DataLoader]:
+        labeled = Subset(self.train, range(len(self.train) // 4))
+        return {
+            "labeled": DataLoader(labeled, batch_size=self.batch_size, shuffle=True),
+            "unlabeled": DataLoader(self.train, batch_size=self.batch_size, shuffle=True),
+        }
+
+
 class Regressor(LightningModule):
     def __init__(self, in_features: int, hidden: int = 32, lr: float = 1e-2) -> None:
         super().__init__()
@@ -85,3 +104,13 @@ class Regressor(LightningModule):
 
     def configure_callbacks(self) -> list[Callback]:
         return [ModelCheckpoint(monitor="val_loss", filename="lowest-{epoch}"), EarlyStopping("val_loss", patience=5)]
+
+
+class SemiSupervisedRegressor(Regressor):
+    """Fits the labeled rows, and keeps its predictions on every row steady when their features are jittered."""
+
+    def training_step(self, batch: dict[str, tuple[Tensor, Tensor]], batch_idx: int) -> Tensor:
+        x, y = batch["labeled"]
+        rows, _ = batch["unlabeled"]  # their targets go unused
+        jittered = rows + 0.1 * torch.randn_like(rows)
+        return F.mse_loss(self(x), y) + F.mse_loss(self(jittered), self(rows).detach())
