@@ -45,12 +45,14 @@ class KeepBatches(Callback):
         self.batches.append(batch)
 
 
-def fit(data: LightningDataModule, batches: int | float = 2, model: LightningModule | None = None) -> KeepBatches:
-    """An epoch of training (its first `batches`) in this process, with the callback every run gets."""
+def fit(
+    data: LightningDataModule, batches: int | float = 2, model: LightningModule | None = None, *also: Callback
+) -> KeepBatches:
+    """An epoch of training (its first `batches`) in this process, with the callback every run gets (and `also`)."""
     kept = KeepBatches()
     trainer = Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=batches, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      callbacks=[ResumableData(), kept])  # fmt: skip
+                      callbacks=[ResumableData(), kept, *also])  # fmt: skip
     trainer.fit(model or TinyClassifier(), data)
     return kept
 
@@ -161,16 +163,18 @@ class KeepPlaces(Callback):
         self.places.append({name: loader.state_dict()["samples"] for name, loader in loaders.items()})
 
 
+def labeled_and_unlabeled() -> dict[str, DataLoader]:
+    """Semi-supervised training data: 4 shuffled batches of labeled images and 10 of unlabeled ones."""
+    return {"labeled": DataLoader(random_images(16), batch_size=4, shuffle=True),
+            "unlabeled": DataLoader(random_images(40), batch_size=4, shuffle=True)}  # fmt: skip
+
+
 def test_several_training_loaders_are_each_rebuilt_and_keep_their_place_in_their_own_pass():
-    # Semi-supervised: Lightning combines the loaders, cycling the shorter one ("max_size_cycle").
-    labeled, unlabeled = random_images(16), random_images(40)
-    loaders = {"labeled": DataLoader(labeled, batch_size=4, shuffle=True),
-               "unlabeled": DataLoader(unlabeled, batch_size=4, shuffle=True)}  # fmt: skip
-    places, kept = KeepPlaces(), KeepBatches()
-    trainer = Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False,
-                      callbacks=[ResumableData(), kept, places])  # fmt: skip
-    trainer.fit(TrainsOnEach(), TrainLoaders(loaders))
+    # Lightning combines the loaders, cycling the shorter one ("max_size_cycle").
+    loaders = labeled_and_unlabeled()
+    labeled = loaders["labeled"].dataset
+    places = KeepPlaces()
+    kept = fit(TrainLoaders(loaders), 1.0, TrainsOnEach(), places)
 
     assert all(isinstance(loader, ResumableDataLoader) and loader.combined for loader in kept.loader.values())
     assert len(kept.batches) == 10, "an epoch is the longer loader's"
@@ -181,10 +185,16 @@ def test_several_training_loaders_are_each_rebuilt_and_keep_their_place_in_their
     assert places.places == [{"labeled": k % 4 * 4, "unlabeled": k * 4} for k in range(10)]
 
 
+def test_loaders_combined_up_to_the_shortest_are_each_rebuilt_and_keep_their_place():
+    loaders = CombinedLoader(labeled_and_unlabeled(), mode="min_size")
+    places = KeepPlaces()
+    fit(TrainLoaders(loaders), 1.0, TrainsOnEach(), places)
+    assert all(isinstance(loader, ResumableDataLoader) for loader in loaders.flattened)
+    assert places.places == [{"labeled": k * 4, "unlabeled": k * 4} for k in range(4)], "an epoch is the shorter's"
+
+
 def test_combined_loaders_resumed_on_another_number_of_processes_start_the_epoch_over_in_one_line():
-    loaders = {"labeled": DataLoader(random_images(16), batch_size=4, shuffle=True),
-               "unlabeled": DataLoader(random_images(40), batch_size=4, shuffle=True)}  # fmt: skip
-    labeled = fit(TrainLoaders(loaders), model=TrainsOnEach()).loader["labeled"]
+    labeled = fit(TrainLoaders(labeled_and_unlabeled()), model=TrainsOnEach()).loader["labeled"]
     with pytest.warns(UserWarning) as said:
         labeled.load_state_dict({"epoch": 0, "samples": 8, "processes": 2})  # a checkpoint of 2 processes
     assert labeled.sampler.resumed == (0, 0)
@@ -195,9 +205,7 @@ def test_combined_loaders_resumed_on_another_number_of_processes_start_the_epoch
 
 
 def test_loaders_combined_where_one_that_ran_out_gives_none_are_left_as_they_are_in_one_line():
-    loaders = CombinedLoader({"labeled": DataLoader(random_images(16), batch_size=4, shuffle=True),
-                              "unlabeled": DataLoader(random_images(40), batch_size=4, shuffle=True)},
-                             mode="max_size")  # fmt: skip
+    loaders = CombinedLoader(labeled_and_unlabeled(), mode="max_size")
     with pytest.warns(UserWarning, match=r"^exact resume: the training loaders ") as said:
         kept = fit(TrainLoaders(loaders), batches=4, model=TrainsOnEach())  # before the shorter one runs out
     assert not any(isinstance(loader, ResumableDataLoader) for loader in kept.loader.values())
