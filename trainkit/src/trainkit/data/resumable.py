@@ -200,15 +200,13 @@ class ResumableDataLoader(DataLoader):
             return
         # Checkpoints from before the job's place was kept count one process's batches: written on as many as now.
         samples = state.get("samples", state.get("batches", 0) * self.batch_size * self.processes())
+        before, now = state.get("processes", self.processes()), self.processes()
+        if self.combined and samples and before != now:  # its place in a pass is in another number of batches now
+            warn_not_resumable(f"loaders, which Lightning combines, were on {before} processes and are on {now}")
+            samples = 0
         self.sampler.set_epoch(state["epoch"])
         self.sampler.resumed = (state["epoch"], samples)
-        before, now = state.get("processes", self.processes()), self.processes()
-        if self.combined:
-            if samples and before != now:  # its place in a pass is in another number of batches per step now
-                self.sampler.resumed = (0, 0)
-                warn_not_resumable(f"loaders, which Lightning combines, were on {before} processes and are on {now}")
-            return
-        if samples:  # mid-epoch
+        if samples and not self.combined:  # mid-epoch
             count_batches_from(self.trainer, self.first_batch())
             if before != now:
                 left = self.sampler.size - samples
