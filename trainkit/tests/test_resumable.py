@@ -9,7 +9,15 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.utilities import CombinedLoader
-from torch.utils.data import DataLoader, IterableDataset, SubsetRandomSampler, TensorDataset, WeightedRandomSampler
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    Subset,
+    SubsetRandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+)
 
 from trainkit.data.resumable import ResumableData, ResumableDataLoader, ResumableSampler
 from trainkit.testing.tiny import TinyClassifier
@@ -117,6 +125,50 @@ def test_a_subset_loader_orders_its_indices_only_from_the_seed_and_the_epoch(mon
     assert len(kept.batches) == len(kept.loader) == 5, "as many samples an epoch as the split has"
     order = [split[place] for place in torch.randperm(20, generator=torch.Generator().manual_seed(7))]  # epoch 0
     assert torch.equal(torch.cat([features for features, _ in kept.batches]), dataset.tensors[0][order])
+
+
+class Jittered(Dataset):
+    """Numbers with noise added each time one is read, as augmentation adds it: in the worker that reads it."""
+
+    def __init__(self, size: int) -> None:
+        self.rows = torch.arange(size, dtype=torch.float)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.rows[index] + torch.rand(())
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("dataset", [Jittered(40), Subset(Jittered(50), range(40))], ids=["per-sample", "batched"])
+def test_augmentation_in_loader_workers_draws_the_same_after_a_resume_mid_epoch(dataset, workers):
+    # A Subset reads a batch at once (its __getitems__).
+    def epoch(trained_before: int) -> list[torch.Tensor]:
+        sampler = ResumableSampler(dataset, num_replicas=1, rank=0, seed=3)
+        sampler.resumed = (0, trained_before)
+        return list(ResumableDataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers))
+
+    whole, resumed = epoch(0), epoch(3 * 4)
+    assert torch.equal(torch.cat(whole[3:]), torch.cat(resumed)), "other noise after the resume"
+    noise = torch.cat(whole).frac()
+    assert len(set(noise.tolist())) == len(noise), "every sample its own noise"
+
+
+def test_a_cycled_loaders_workers_draw_anew_each_pass_and_the_same_after_a_resume():
+    dataset = Jittered(16)
+
+    def shorter_loader() -> ResumableDataLoader:  # one of several that Lightning combines, cycling the shorter
+        sampler = ResumableSampler(dataset, num_replicas=1, rank=0, seed=3)
+        return ResumableDataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2, combined=True)
+
+    cycled = shorter_loader()
+    first, second = torch.cat(list(cycled)), list(cycled)
+    assert torch.equal(first.floor(), torch.cat(second).floor()), "each pass in the epoch's order"
+    assert not torch.equal(first, torch.cat(second)), "the second pass drew the first pass's noise"
+    resumed = shorter_loader()
+    resumed.load_state_dict({"epoch": 0, "samples": 2 * 4, "passes": 1, "processes": 1})  # mid second pass
+    assert torch.equal(torch.cat(list(resumed)), torch.cat(second[2:]))
 
 
 class Stream(IterableDataset):

@@ -126,3 +126,14 @@ def test_the_drill_resumes_two_training_loaders_that_lightning_combines_to_the_s
 
     SemiSupervisedPair.run_args = SemiSupervisedPair.args
     SemiSupervisedPair().drill(tmp_path, "--trainer.devices", "2")
+
+
+@pytest.mark.drills
+def test_the_drill_resumes_augmentation_drawn_in_loader_workers_to_the_same_weights(tmp_path: Path):
+    class AugmentedPair(YourCodeContract):  # noise added to each row as two loader workers read it
+        project = PROJECT_ROOT
+        args = (*EXPERIMENT, "--model", "tasks.regression.Regressor", "--data", "tasks.regression.AugmentedTable",
+                "--best_checkpoint.monitor", "val_loss")  # fmt: skip
+
+    AugmentedPair.run_args = AugmentedPair.args
+    AugmentedPair().drill(tmp_path, "--trainer.devices", "2")

@@ -13,7 +13,8 @@ where the job stands: the epoch, how many samples of its order the job has train
 batches the Trainer counts: a loader may have handed out more, as Lightning fetches ahead when it
 cannot tell from the loader's length which batch is the last), and on how many processes. A job
 restarted on another number of processes goes on with the rest of the epoch, shared out over the
-processes it has now.
+processes it has now. Its loader workers seed each batch's random draws (augmentation) from the batch's place
+in the epoch's order, so they too draw the same in a resumed run as in one never stopped.
 
 A `WeightedRandomSampler` and a `SubsetRandomSampler` (a split by indices) are rebuilt the same way: their draws
 and orders, too, come from the seed and the epoch.
@@ -24,9 +25,13 @@ they are.
 """
 
 import functools
+import hashlib
 import itertools
 import math
 import os
+import random
+import struct
+import sys
 from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
@@ -45,6 +50,7 @@ from torch.utils.data import (
     SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,
+    get_worker_info,
 )
 
 
@@ -97,6 +103,8 @@ class ResumableSampler(DistributedSampler):
         self.num_samples = math.ceil(self.size / num_replicas)  # DistributedSampler's length: this process's share
         self.total_size = self.num_samples * num_replicas
         self.resumed = (0, 0)  # the epoch a checkpoint ended in and how many samples of its order were trained on
+        self.passes = (0, 0)  # an epoch and how many passes of its order a cycled loader finished in it (combined)
+        self.seeds_batches = False  # the indices carry their batch's seed for loader workers (seeded_batches)
 
     def trained_before(self) -> int:
         """How many samples of this epoch's order the job trained on before this run (0 in an epoch it began)."""
@@ -112,12 +120,29 @@ class ResumableSampler(DistributedSampler):
     def epochs_generator(self) -> torch.Generator:
         return torch.Generator().manual_seed(self.seed + self.epoch)
 
+    def passes_finished(self) -> int:
+        """How many passes of this epoch's order a loader finished before this one (a shorter one Lightning cycles)."""
+        epoch, passes = self.passes
+        return passes if epoch == self.epoch else 0
+
     def __iter__(self) -> Iterator[int]:
         order = self.order()
-        rest = order[self.trained_before() :]
+        start = self.trained_before()
+        rest = order[start:]
         # As DistributedSampler does: samples from the order's start again, so every process takes as many.
         rest += itertools.islice(itertools.cycle(order), -len(rest) % self.num_replicas)
-        return iter(rest[self.rank :: self.num_replicas])
+        mine = rest[self.rank :: self.num_replicas]
+        if not self.seeds_batches:
+            return iter(mine)
+        places = range(start + self.rank, start + len(rest), self.num_replicas)  # of each of mine in the order
+        first = self.seed_of_first_place()
+        return iter(Drawn(index, first + place) for index, place in zip(mine, places, strict=True))
+
+    def seed_of_first_place(self) -> int:
+        """A seed for the sample at the order's first place (the place p gets it + p): a hash of the run's seed, the
+        epoch and the pass, so that every pass of every epoch draws anew."""
+        numbers = struct.pack("<3q", self.seed, self.epoch, self.passes_finished())
+        return int.from_bytes(hashlib.blake2b(numbers, digest_size=7).digest(), "little")
 
     def batches_left(self, batch_size: int, drop_last: bool) -> int:
         """How many batches this process takes from the rest of the epoch."""
@@ -153,11 +178,54 @@ class SubsetResumableSampler(ResumableSampler):
         return [self.indices[place] for place in super().order()]
 
 
+class Drawn(int):
+    """An index of an epoch's order that carries the seed of its place in the order, for a loader worker."""
+
+    seed: int
+
+    def __new__(cls, index: int, seed: int) -> "Drawn":
+        drawn = super().__new__(cls, index)
+        drawn.seed = seed
+        return drawn
+
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:  # sent to the workers with its seed
+        return Drawn, (int(self), self.seed)
+
+
+def seeded_batches(worker_init_fn: Callable[[int], None] | None, worker_id: int) -> None:
+    """A loader worker's start: the loader's own `worker_init_fn`, then every batch read after seeding the worker's
+    generators (torch's, Python's, NumPy's) from the place of the batch's first sample in the epoch's order.
+
+    A worker's generators are otherwise seeded once, as it starts, so what a batch draws (augmentation) depends on
+    which worker reads it and what that worker read before: not the same in a run resumed mid-epoch as in one never
+    stopped. Seeded by place, each batch draws the same in both, with any number of workers.
+    """
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+    dataset = get_worker_info().dataset  # the worker's own copy: the dataset in training's process is left as it is
+    # Where the worker reads a batch (torch's fetcher calls `dataset.__getitems__` where there is one).
+    dataset.__getitems__ = functools.partial(read_seeded, dataset, getattr(type(dataset), "__getitems__", None))
+
+
+def read_seeded(dataset: Any, read_batch: Callable[[Any, list[int]], list] | None, indices: list[int]) -> list:
+    """The samples at `indices`, read by the dataset's own `__getitems__` (`read_batch`) or one by one, after
+    seeding the generators from the first index's seed."""
+    seed = getattr(indices[0], "seed", None)
+    if seed is not None:
+        torch.manual_seed(seed)
+        random.seed(seed)
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed(seed % 2**32)
+    indices = [int(index) for index in indices]
+    return read_batch(dataset, indices) if read_batch else [dataset[index] for index in indices]
+
+
 class ResumableDataLoader(DataLoader):
     """A training DataLoader over a map-style dataset that Lightning resumes mid-epoch.
 
     Its random draws (the seeds of its worker processes) come from a generator seeded by the
-    epoch, not from torch's global generator, which checkpoints restore for the model's use.
+    epoch, not from torch's global generator, which checkpoints restore for the model's use. Its
+    workers seed each batch from its place in the epoch's order (`seeded_batches`).
     """
 
     def __init__(self, *args: Any, trainer: Trainer | None = None, combined: bool = False, **kwargs: Any) -> None:
@@ -168,6 +236,11 @@ class ResumableDataLoader(DataLoader):
         self.combined = combined
         if self.generator is None:
             self.generator = torch.Generator()
+        if self.num_workers > 0 and isinstance(self.sampler, ResumableSampler):
+            self.sampler.seeds_batches = True
+            already = isinstance(self.worker_init_fn, functools.partial) and self.worker_init_fn.func is seeded_batches
+            if not already:  # a ResumableDataLoader rebuilt by Lightning keeps its arguments
+                self.worker_init_fn = functools.partial(seeded_batches, self.worker_init_fn)
 
     def __iter__(self) -> Iterator[Any]:
         # A generator, so nothing is drawn before the first batch is asked for: Lightning creates
@@ -176,6 +249,7 @@ class ResumableDataLoader(DataLoader):
         yield from super().__iter__()
         if self.combined and isinstance(self.sampler, ResumableSampler):
             self.sampler.resumed = (0, 0)  # the pass a checkpoint ended in is over: the next one starts at the start
+            self.sampler.passes = (self.sampler.epoch, self.sampler.passes_finished() + 1)
 
     def state_dict(self) -> dict[str, int]:
         # The job's place in the epoch, not this process's: the next run may have more or fewer processes.
@@ -186,6 +260,7 @@ class ResumableDataLoader(DataLoader):
             return {
                 "epoch": epoch,
                 "samples": trained % len(self) * self.batch_size * processes,
+                "passes": trained // len(self),
                 "processes": processes,
             }
         # Every process has trained on as many batches, all whole ones, since this run went on with the epoch.
@@ -200,12 +275,14 @@ class ResumableDataLoader(DataLoader):
             return
         # Checkpoints from before the job's place was kept count one process's batches: written on as many as now.
         samples = state.get("samples", state.get("batches", 0) * self.batch_size * self.processes())
+        passes = state.get("passes", 0)  # of a combined loader's order, finished in the epoch
         before, now = state.get("processes", self.processes()), self.processes()
         if self.combined and samples and before != now:  # its place in a pass is in another number of batches now
             warn_not_resumable(f"loaders, which Lightning combines, were on {before} processes and are on {now}")
-            samples = 0
+            samples = passes = 0
         self.sampler.set_epoch(state["epoch"])
         self.sampler.resumed = (state["epoch"], samples)
+        self.sampler.passes = (state["epoch"], passes)
         if samples and not self.combined:  # mid-epoch
             count_batches_from(self.trainer, self.first_batch())
             if before != now:

@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch import Tensor, nn
 from torch.utils.data import (
     DataLoader,
+    Dataset,
     Subset,
     SubsetRandomSampler,
     TensorDataset,
@@ -78,6 +79,28 @@ class LabeledAndUnlabeled(Table):
             "labeled": DataLoader(labeled, batch_size=self.batch_size, shuffle=True),
             "unlabeled": DataLoader(self.train, batch_size=self.batch_size, shuffle=True),
         }
+
+
+class JitteredRows(Dataset):
+    """Rows whose features get new noise each time they are read, as augmentation adds it (in a loader's workers)."""
+
+    def __init__(self, rows: Dataset, scale: float = 0.1) -> None:
+        self.rows, self.scale = rows, scale
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        features, target = self.rows[index]
+        return features + self.scale * torch.randn_like(features), target
+
+
+class AugmentedTable(Table):
+    """The training rows jittered by two loader workers, kept from one epoch to the next."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(JitteredRows(self.train), batch_size=self.batch_size, shuffle=True, num_workers=2,
+                          persistent_workers=True)  # fmt: skip
 
 
 class Regressor(LightningModule):
