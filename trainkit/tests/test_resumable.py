@@ -155,6 +155,13 @@ def test_augmentation_in_loader_workers_draws_the_same_after_a_resume_mid_epoch(
     assert len(set(noise.tolist())) == len(noise), "every sample its own noise"
 
 
+def test_a_list_read_by_workers_is_read_as_it_is():
+    rows = [torch.tensor(float(row)) for row in range(12)]  # no attribute can be added to a list
+    sampler = ResumableSampler(rows, num_replicas=1, rank=0, seed=3, shuffle=False)
+    assert torch.equal(torch.cat(list(ResumableDataLoader(rows, batch_size=4, sampler=sampler, num_workers=2))),
+                       torch.stack(rows))  # fmt: skip
+
+
 def test_a_cycled_loaders_workers_draw_anew_each_pass_and_the_same_after_a_resume():
     dataset = Jittered(16)
 

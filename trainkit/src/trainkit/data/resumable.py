@@ -24,6 +24,7 @@ streaming loader among them) keep their own state, and loaders with another samp
 they are.
 """
 
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -31,10 +32,10 @@ import math
 import os
 import random
 import struct
-import sys
 from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
@@ -203,8 +204,11 @@ def seeded_batches(worker_init_fn: Callable[[int], None] | None, worker_id: int)
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
     dataset = get_worker_info().dataset  # the worker's own copy: the dataset in training's process is left as it is
-    # Where the worker reads a batch (torch's fetcher calls `dataset.__getitems__` where there is one).
-    dataset.__getitems__ = functools.partial(read_seeded, dataset, getattr(type(dataset), "__getitems__", None))
+    read = functools.partial(read_seeded, dataset, getattr(type(dataset), "__getitems__", None))
+    # Where the worker reads a batch: torch's fetcher calls `dataset.__getitems__` where there is one. A list or an
+    # array takes no attribute, and draws nothing when read.
+    with contextlib.suppress(AttributeError):
+        dataset.__getitems__ = read
 
 
 def read_seeded(dataset: Any, read_batch: Callable[[Any, list[int]], list] | None, indices: list[int]) -> list:
@@ -214,8 +218,7 @@ def read_seeded(dataset: Any, read_batch: Callable[[Any, list[int]], list] | Non
     if seed is not None:
         torch.manual_seed(seed)
         random.seed(seed)
-        if "numpy" in sys.modules:
-            sys.modules["numpy"].random.seed(seed % 2**32)
+        np.random.seed(seed % 2**32)  # NumPy's seeds have 32 bits
     indices = [int(index) for index in indices]
     return read_batch(dataset, indices) if read_batch else [dataset[index] for index in indices]
 
