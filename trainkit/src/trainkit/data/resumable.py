@@ -105,7 +105,7 @@ class ResumableSampler(DistributedSampler):
         self.total_size = self.num_samples * num_replicas
         self.resumed = (0, 0)  # the epoch a checkpoint ended in and how many samples of its order were trained on
         self.passes = (0, 0)  # an epoch and how many passes of its order a cycled loader finished in it (combined)
-        self.seeds_batches = False  # the indices carry their batch's seed for loader workers (seeded_batches)
+        self.seeded_batch_size = 0  # >0: each batch's first index carries its seed for loader workers (seeded_batches)
 
     def trained_before(self) -> int:
         """How many samples of this epoch's order the job trained on before this run (0 in an epoch it began)."""
@@ -133,11 +133,12 @@ class ResumableSampler(DistributedSampler):
         # As DistributedSampler does: samples from the order's start again, so every process takes as many.
         rest += itertools.islice(itertools.cycle(order), -len(rest) % self.num_replicas)
         mine = rest[self.rank :: self.num_replicas]
-        if not self.seeds_batches:
-            return iter(mine)
-        places = range(start + self.rank, start + len(rest), self.num_replicas)  # of each of mine in the order
-        first = self.seed_of_first_place()
-        return iter(Drawn(index, first + place) for index, place in zip(mine, places, strict=True))
+        if self.seeded_batch_size:  # a run resumes at the start of a batch, of each process's share as of the job's
+            first = self.seed_of_first_place()
+            for number in range(0, len(mine), self.seeded_batch_size):
+                place = start + self.rank + number * self.num_replicas  # in the epoch's order
+                mine[number] = Drawn(mine[number], first + place)
+        return iter(mine)
 
     def seed_of_first_place(self) -> int:
         """A seed for the sample at the order's first place (the place p gets it + p): a hash of the run's seed, the
@@ -180,7 +181,7 @@ class SubsetResumableSampler(ResumableSampler):
 
 
 class Drawn(int):
-    """An index of an epoch's order that carries the seed of its place in the order, for a loader worker."""
+    """A batch's first index, carrying the seed of its place in the epoch's order for the loader worker reading it."""
 
     seed: int
 
@@ -240,7 +241,7 @@ class ResumableDataLoader(DataLoader):
         if self.generator is None:
             self.generator = torch.Generator()
         if self.num_workers > 0 and isinstance(self.sampler, ResumableSampler):
-            self.sampler.seeds_batches = True
+            self.sampler.seeded_batch_size = self.batch_size
             already = isinstance(self.worker_init_fn, functools.partial) and self.worker_init_fn.func is seeded_batches
             if not already:  # a ResumableDataLoader rebuilt by Lightning keeps its arguments
                 self.worker_init_fn = functools.partial(seeded_batches, self.worker_init_fn)
