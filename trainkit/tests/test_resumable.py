@@ -192,7 +192,10 @@ class Stream(IterableDataset):
             DataLoader(random_images(40), batch_size=4, sampler=[5, 0, 7, 2, 9, 1, 3, 4]),
             "uses a sampler of its own (list)",
         ),
-        (DataLoader(random_images(40), batch_sampler=[[1, 2], [3, 4]]), "uses a batch sampler of its own (list)"),
+        (
+            DataLoader(random_images(40), batch_sampler=iter([[1, 2], [3, 4]])),
+            "uses a batch sampler of its own (list_iterator) with no length",
+        ),
     ],
     ids=["iterable-dataset", "own-sampler", "own-batch-sampler"],
 )

@@ -66,8 +66,8 @@ VAL_LOADER_LINE = next(number for number, line in enumerate((PROJECT_ROOT / "tas
     ("data", "monitor", "failing", "line"),
     [
         ("tasks.broken.BatchesOfItsOwn", "val_loss", "test_the_training_loader_resumes_mid_epoch",
-         "exact resume: the training loader uses a batch sampler of its own (BatchSampler), so a resume mid-epoch"
-         ' starts the epoch over (docs/data.md, "Which training loaders resume mid-epoch")'),
+         "exact resume: the training loader uses a batch sampler of its own (ShuffledBatches) with no length, so a"
+         ' resume mid-epoch starts the epoch over (docs/data.md, "Which training loaders resume mid-epoch")'),
         ("tasks.regression.Table", "val/acc", "test_the_monitored_metric_is_one_the_model_logs",
          "best_checkpoint.monitor: validation logs val_loss, not 'val/acc': no best checkpoint is kept while it is"
          " missing (last.ckpt is). Set it to a metric the model logs, or null (configs/experiment.yaml)."),
@@ -137,3 +137,14 @@ def test_the_drill_resumes_augmentation_drawn_in_loader_workers_to_the_same_weig
 
     AugmentedPair.run_args = AugmentedPair.args
     AugmentedPair().drill(tmp_path, "--trainer.devices", "2")
+
+
+@pytest.mark.drills
+def test_the_drill_resumes_a_language_model_on_lines_batched_by_length_to_the_same_weights(tmp_path: Path):
+    class LinesPair(YourCodeContract):  # a batch sampler of the data module's own, which Lightning shares out
+        project = PROJECT_ROOT
+        args = (*EXPERIMENT, "--model", "tasks.char_lm.CharLanguageModel", "--data", "tasks.char_lm.LinesByLength",
+                "--data.root", str(KIT_ROOT / "docs"), "--best_checkpoint.monitor", "val/loss")  # fmt: skip
+
+    LinesPair.run_args = LinesPair.args
+    LinesPair().drill(tmp_path, "--trainer.devices", "2")

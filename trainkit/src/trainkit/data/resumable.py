@@ -17,25 +17,21 @@ processes it has now. Its loader workers seed each batch's random draws (augment
 in the epoch's order, so they too draw the same in a resumed run as in one never stopped.
 
 A `WeightedRandomSampler` and a `SubsetRandomSampler` (a split by indices) are rebuilt the same way: their draws
-and orders, too, come from the seed and the epoch.
+and orders, too, come from the seed and the epoch; a `BatchSampler` spelled out, as `batch_size` and `drop_last`.
+A batch sampler of the data module's own is kept, and read through `OwnBatches` (own_batches.py).
 Several training loaders that Lightning combines are each rebuilt so, each keeping its place in its own pass
 (Lightning starts a shorter one's pass again within the epoch). Loaders over an IterableDataset (litdata's
 streaming loader among them) keep their own state, and loaders with another sampler of their own are left as
 they are.
 """
 
-import contextlib
 import functools
-import hashlib
 import itertools
 import math
 import os
-import random
-import struct
 from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
@@ -44,15 +40,19 @@ from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwarg
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.utils.data import (
+    BatchSampler,
     DataLoader,
     DistributedSampler,
     IterableDataset,
     RandomSampler,
+    Sampler,
     SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,
-    get_worker_info,
 )
+
+from trainkit.data.own_batches import OwnBatches
+from trainkit.data.worker_seeds import Drawn, seed_of, seeded_batches
 
 
 def batches_trained(trainer: Trainer) -> int | None:
@@ -141,10 +141,9 @@ class ResumableSampler(DistributedSampler):
         return iter(mine)
 
     def seed_of_first_place(self) -> int:
-        """A seed for the sample at the order's first place (the place p gets it + p): a hash of the run's seed, the
+        """A seed for the sample at the order's first place (the place p gets it + p), made from the run's seed, the
         epoch and the pass, so that every pass of every epoch draws anew."""
-        numbers = struct.pack("<3q", self.seed, self.epoch, self.passes_finished())
-        return int.from_bytes(hashlib.blake2b(numbers, digest_size=7).digest(), "little")
+        return seed_of(self.seed, self.epoch, self.passes_finished())
 
     def batches_left(self, batch_size: int, drop_last: bool) -> int:
         """How many batches this process takes from the rest of the epoch."""
@@ -180,59 +179,18 @@ class SubsetResumableSampler(ResumableSampler):
         return [self.indices[place] for place in super().order()]
 
 
-class Drawn(int):
-    """A batch's first index, carrying the seed of its place in the epoch's order for the loader worker reading it."""
-
-    seed: int
-
-    def __new__(cls, index: int, seed: int) -> "Drawn":
-        drawn = super().__new__(cls, index)
-        drawn.seed = seed
-        return drawn
-
-    def __reduce__(self) -> tuple[type, tuple[int, int]]:  # sent to the workers with its seed
-        return Drawn, (int(self), self.seed)
-
-
-def seeded_batches(worker_init_fn: Callable[[int], None] | None, worker_id: int) -> None:
-    """A loader worker's start: the loader's own `worker_init_fn`, then every batch read after seeding the worker's
-    generators (torch's, Python's, NumPy's) from the place of the batch's first sample in the epoch's order.
-
-    A worker's generators are otherwise seeded once, as it starts, so what a batch draws (augmentation) depends on
-    which worker reads it and what that worker read before: not the same in a run resumed mid-epoch as in one never
-    stopped. Seeded by place, each batch draws the same in both, with any number of workers.
-    """
-    if worker_init_fn is not None:
-        worker_init_fn(worker_id)
-    dataset = get_worker_info().dataset  # the worker's own copy: the dataset in training's process is left as it is
-    read = functools.partial(read_seeded, dataset, getattr(type(dataset), "__getitems__", None))
-    # Where the worker reads a batch: torch's fetcher calls `dataset.__getitems__` where there is one. A list or an
-    # array takes no attribute, and draws nothing when read.
-    with contextlib.suppress(AttributeError):
-        dataset.__getitems__ = read
-
-
-def read_seeded(dataset: Any, read_batch: Callable[[Any, list[int]], list] | None, indices: list[int]) -> list:
-    """The samples at `indices`, read by the dataset's own `__getitems__` (`read_batch`) or one by one, after
-    seeding the generators from the first index's seed."""
-    seed = getattr(indices[0], "seed", None)
-    if seed is not None:
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)  # NumPy's seeds have 32 bits
-    indices = [int(index) for index in indices]
-    return read_batch(dataset, indices) if read_batch else [dataset[index] for index in indices]
-
-
 class ResumableDataLoader(DataLoader):
     """A training DataLoader over a map-style dataset that Lightning resumes mid-epoch.
 
     Its random draws (the seeds of its worker processes) come from a generator seeded by the
     epoch, not from torch's global generator, which checkpoints restore for the model's use. Its
-    workers seed each batch from its place in the epoch's order (`seeded_batches`).
+    workers seed each batch from its place in the epoch's order (`seeded_batches`). A batch sampler of
+    its own is read through `OwnBatches`.
     """
 
-    def __init__(self, *args: Any, trainer: Trainer | None = None, combined: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, trainer: Trainer | None = None, combined: bool = False, seed: int = 0, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.trainer = trainer
         # One of several loaders Lightning combines, each giving a batch at every step: a shorter one starts a new
@@ -240,16 +198,31 @@ class ResumableDataLoader(DataLoader):
         self.combined = combined
         if self.generator is None:
             self.generator = torch.Generator()
-        if self.num_workers > 0 and isinstance(self.sampler, ResumableSampler):
-            self.sampler.seeded_batch_size = self.batch_size
-            already = isinstance(self.worker_init_fn, functools.partial) and self.worker_init_fn.func is seeded_batches
-            if not already:  # a ResumableDataLoader rebuilt by Lightning keeps its arguments
-                self.worker_init_fn = functools.partial(seeded_batches, self.worker_init_fn)
+        self.own_batches: OwnBatches | None = None
+        if has_own_batches(self):
+            rank, processes = (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
+            self.own_batches = OwnBatches(self.batch_sampler, seed, rank, processes)
+        if self.num_workers > 0:  # each batch's first index carries the seed its worker draws from
+            if self.own_batches is not None:
+                self.own_batches.seeded = True
+            elif isinstance(self.sampler, ResumableSampler):
+                self.sampler.seeded_batch_size = self.batch_size
+            self.worker_init_fn = functools.partial(seeded_batches, self.worker_init_fn)
+
+    @property
+    def _index_sampler(self) -> Any:
+        # Where torch's DataLoader takes its batches of indices from. The batch sampler itself is left in
+        # `batch_sampler`, where Lightning gives it the sampler of each process's share.
+        own_batches = getattr(self, "own_batches", None)  # None while DataLoader.__init__ runs
+        return own_batches if own_batches is not None else super()._index_sampler
 
     def __iter__(self) -> Iterator[Any]:
         # A generator, so nothing is drawn before the first batch is asked for: Lightning creates
         # the iterator before it sets the epoch, and workers would start on the order at once.
-        self.generator.manual_seed(getattr(self.sampler, "seed", 0) + getattr(self.sampler, "epoch", 0))
+        if self.own_batches is not None and self.trainer is not None:
+            self.own_batches.set_epoch(self.trainer.current_epoch)
+        drawn_by = self.sampler if self.own_batches is None else self.own_batches
+        self.generator.manual_seed(getattr(drawn_by, "seed", 0) + getattr(drawn_by, "epoch", 0))
         yield from super().__iter__()
         if self.combined and isinstance(self.sampler, ResumableSampler):
             self.sampler.resumed = (0, 0)  # the pass a checkpoint ended in is over: the next one starts at the start
@@ -257,9 +230,12 @@ class ResumableDataLoader(DataLoader):
 
     def state_dict(self) -> dict[str, int]:
         # The job's place in the epoch, not this process's: the next run may have more or fewer processes.
-        processes, epoch, trained = self.processes(), getattr(self.sampler, "epoch", 0), batches_trained(self.trainer)
+        processes, trained = self.processes(), batches_trained(self.trainer)
+        epoch = getattr(self.sampler if self.own_batches is None else self.own_batches, "epoch", 0)
         if trained is None:  # after an epoch's last batch, the next run starts the next epoch
             return {"epoch": epoch + 1, "samples": 0, "processes": processes}
+        if self.own_batches is not None:  # each process's batches, which it goes on with on as many processes
+            return {"epoch": epoch, "own_batches": trained, "processes": processes}
         if self.combined:  # a batch at each of the epoch's steps, a new pass after every len(self)
             return {
                 "epoch": epoch,
@@ -274,6 +250,9 @@ class ResumableDataLoader(DataLoader):
         return {"epoch": epoch, "samples": samples, "processes": processes}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        if self.own_batches is not None:
+            self.load_own_batches(state)
+            return
         # `trainer.overfit_batches` swaps in a plain sequential sampler: nothing to resume then.
         if not isinstance(self.sampler, ResumableSampler):
             return
@@ -293,6 +272,14 @@ class ResumableDataLoader(DataLoader):
                 left = self.sampler.size - samples
                 say_resharded(before, now, left, again=-left % now)  # repeated to give every process as many
 
+    def load_own_batches(self, state: dict[str, int]) -> None:
+        batches, before, now = state.get("own_batches", 0), state.get("processes", self.processes()), self.processes()
+        if batches and before != now:  # each process's batches come from its share, another one now
+            name = type(self.batch_sampler).__name__
+            warn_not_resumable(f"loader's batch sampler ({name}) made batches on {before} processes and is on {now}")
+            batches = 0
+        self.own_batches.resumed = (state["epoch"], batches)
+
     def first_batch(self) -> int:
         """Where the Trainer's count of the epoch's batches stood when this run began on the epoch (or went on)."""
         if not isinstance(self.sampler, ResumableSampler):
@@ -300,31 +287,44 @@ class ResumableDataLoader(DataLoader):
         return len(self) - self.sampler.batches_left(self.batch_size, self.drop_last)
 
     def processes(self) -> int:
+        if self.own_batches is not None:
+            return self.own_batches.processes
         return getattr(self.sampler, "num_replicas", 1)
 
 
-def shuffles(loader: DataLoader) -> bool | None:
-    """Whether an ordinary DataLoader shuffles (`shuffle=True`) or not; None for a loader with a sampler of its own."""
-    sampler = loader.sampler
+def shuffles(sampler: Sampler, dataset: Sized) -> bool | None:
+    """Whether an ordinary DataLoader's sampler shuffles (`shuffle=True`) or not; None for a sampler of its own."""
     if type(sampler) is SequentialSampler:
         return False
-    if type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(loader.dataset):
+    if type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(dataset):
         return True
     return None
 
 
+def has_own_batches(loader: DataLoader) -> bool:
+    """Whether `loader` is batched by a batch sampler of its own: not by `batch_size` (nor a BatchSampler spelled
+    out, which batches as `batch_size` does)."""
+    return loader.batch_size is None and type(loader.batch_sampler) not in (BatchSampler, type(None))
+
+
 def not_resumable_because(loader: Any) -> str | None:
-    """Why `loader` is not an ordinary one, which `resumable` rebuilds; None for an ordinary one."""
+    """Why `loader` is not one that `resumable` rebuilds; None for one that it rebuilds."""
     if not isinstance(loader, DataLoader):
         return f"is a {type(loader).__name__}, not a DataLoader"
     if type(loader) is not DataLoader:
         return f"is a DataLoader subclass ({type(loader).__name__})"
     if isinstance(loader.dataset, IterableDataset):
         return "reads an IterableDataset and keeps no state"
-    if loader.batch_size is None:
-        return f"uses a batch sampler of its own ({type(loader.batch_sampler).__name__})"
-    if shuffles(loader) is None and type(loader.sampler) not in (WeightedRandomSampler, SubsetRandomSampler):
-        return f"uses a sampler of its own ({type(loader.sampler).__name__})"
+    batches = loader.batch_sampler
+    if batches is None:
+        return "reads its samples one by one (batch_size=None)"
+    if has_own_batches(loader):
+        no_length = not isinstance(batches, Sized)  # its epoch has no known end, nor place to resume at
+        return f"uses a batch sampler of its own ({type(batches).__name__}) with no length" if no_length else None
+    drawn_by = batches.sampler  # a BatchSampler's: made by the DataLoader from `batch_size`, or spelled out
+    rebuilt_too = (WeightedRandomSampler, SubsetRandomSampler)
+    if shuffles(drawn_by, loader.dataset) is None and type(drawn_by) not in rebuilt_too:
+        return f"uses a sampler of its own ({type(drawn_by).__name__})"
     return None
 
 
@@ -354,36 +354,60 @@ def resumable_training(loaders: Any, trainer: Trainer) -> Any:
 
 
 def resumable(loader: Any, trainer: Trainer, combined: bool = False) -> Any:
-    """`loader` rebuilt as a ResumableDataLoader with every argument it was given, when it is an ordinary one.
+    """`loader` rebuilt as a ResumableDataLoader with every argument it was given, when it is a plain DataLoader over
+    a map-style dataset (an IterableDataset's loader has no order to resume).
 
-    An ordinary one is a plain DataLoader over a map-style dataset that batches with `batch_size`
-    in a sequential, shuffled, weighted or subset's shuffled order (an IterableDataset's loader has none of them).
+    One that batches with `batch_size` (or a BatchSampler spelled out) in a sequential, shuffled, weighted or subset's
+    shuffled order gets a ResumableSampler; one with a batch sampler of its own keeps it (`with_own_batches`).
     `combined`: it is one of several that Lightning combines (`resumable_training`).
     """
     if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
         return loader  # it resumes itself, and Lightning saves its state (torchdata's, litdata's)
     reason = not_resumable_because(loader)
+    if reason is None and combined and has_own_batches(loader):
+        reason = "uses a batch sampler of its own and is one of several that Lightning combines"
     if reason is not None:
         warn_not_resumable(f"loader {reason}")
         return loader
+    seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # seed_everything's, as for Lightning's own sampler
+    if has_own_batches(loader):
+        return with_own_batches(loader, trainer, seed)
     # Each process its own share, as Lightning's DistributedSampler would give it; with
     # `use_distributed_sampler: false` the data module shares out the data itself.
     sharing = trainer._accelerator_connector.use_distributed_sampler and trainer.distributed_sampler_kwargs
     num_replicas, rank = (sharing["num_replicas"], sharing["rank"]) if sharing else (1, 0)
-    seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # seed_everything's, as for Lightning's own sampler
-    if type(loader.sampler) is WeightedRandomSampler:
-        drawn = loader.sampler
+    batches = loader.batch_sampler
+    drawn = batches.sampler  # a BatchSampler's: made by the DataLoader from `batch_size`, or spelled out
+    if type(drawn) is WeightedRandomSampler:
         sampler = WeightedResumableSampler(
             loader.dataset, drawn.weights, drawn.num_samples, drawn.replacement, num_replicas, rank, seed=seed
         )
-    elif type(loader.sampler) is SubsetRandomSampler:
-        sampler = SubsetResumableSampler(loader.dataset, loader.sampler.indices, num_replicas, rank, seed=seed)
+    elif type(drawn) is SubsetRandomSampler:
+        sampler = SubsetResumableSampler(loader.dataset, drawn.indices, num_replicas, rank, seed=seed)
     else:
-        sampler = ResumableSampler(loader.dataset, num_replicas, rank, seed=seed, shuffle=shuffles(loader))
+        shuffle = shuffles(drawn, loader.dataset)
+        sampler = ResumableSampler(loader.dataset, num_replicas, rank, seed=seed, shuffle=shuffle)
     # Lightning's own way of re-creating a loader with another sampler, which keeps its other arguments.
     args, kwargs = _get_dataloader_init_args_and_kwargs(loader, sampler)
+    if loader.batch_size is None:  # a BatchSampler spelled out: as the same `batch_size` and `drop_last`
+        kwargs.update(batch_size=batches.batch_size, drop_last=batches.drop_last)
     return _reinstantiate_wrapped_cls(
         loader, *args, explicit_cls=ResumableDataLoader, trainer=trainer, combined=combined, **kwargs
+    )
+
+
+def with_own_batches(loader: DataLoader, trainer: Trainer, seed: int) -> DataLoader:
+    """`loader` made again as a ResumableDataLoader, with the arguments it was made with (its batch sampler among
+    them, which it reads through OwnBatches). Lightning shares a batch sampler's `sampler` out over the processes
+    afterwards, as it does without the kit."""
+    if not hasattr(loader, "__pl_saved_args"):  # Lightning records a loader's arguments in `train_dataloader`
+        name = type(loader.batch_sampler).__name__
+        warn_not_resumable(f"loader, batched by a batch sampler of its own ({name}), was made outside"
+                           " `train_dataloader`, where Lightning records its arguments")  # fmt: skip
+        return loader
+    args, kwargs = loader.__pl_saved_args, loader.__pl_saved_kwargs
+    return _reinstantiate_wrapped_cls(
+        loader, *args, explicit_cls=ResumableDataLoader, trainer=trainer, seed=seed, **kwargs
     )
 
 

@@ -1,17 +1,31 @@
 """Data modules and models broken on purpose: each problem must be named in one line."""
 
+from collections.abc import Iterator
+
 import numpy as np
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+import torch
+from torch.utils.data import DataLoader
 
 from tasks.regression import Regressor, Table
 from trainkit import ConfigError
 
 
+class ShuffledBatches:
+    """A batch sampler written from scratch with no length, as one whose number of batches is known only once drawn
+    (batches up to a budget of tokens)."""
+
+    def __init__(self, size: int, batch_size: int) -> None:
+        self.size, self.batch_size = size, batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(batch.tolist() for batch in torch.randperm(self.size).split(self.batch_size))
+
+
 class BatchesOfItsOwn(Table):
-    """Batches drawn by a batch sampler of its own: Lightning cannot resume them mid-epoch."""
+    """Batches drawn by a batch sampler with no length: the kit cannot tell where in its epoch a run stopped."""
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train, batch_sampler=BatchSampler(RandomSampler(self.train), 16, drop_last=False))
+        return DataLoader(self.train, batch_sampler=ShuffledBatches(len(self.train), 16))
 
 
 class RefusesItsRoot(Table):

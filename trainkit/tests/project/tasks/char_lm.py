@@ -1,12 +1,15 @@
 """A character-level language model on text files: a task unlike image classification, for the kit's tests."""
 
+import random
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule, LightningModule
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, TensorDataset
 
 from trainkit import ConfigError
 
@@ -43,6 +46,55 @@ class TextFiles(LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(self.held_out, batch_size=self.batch_size)
+
+
+class LinesByLength(TextFiles):
+    """The text's lines (up to `context` characters), each batched with lines of about its length by a batch sampler
+    of the data module's own, as language models batch sentences; the batches are padded to their longest line."""
+
+    def setup(self, stage: str) -> None:
+        index = {character: i for i, character in enumerate(self.characters)}
+        lines = [torch.tensor([index[c] for c in line[: self.context + 1]]) for line in self.text.splitlines()]
+        pairs = [(line[:-1], line[1:]) for line in lines if len(line) > 1]
+        held_out = len(pairs) // 10
+        self.train, self.held_out = pairs[held_out:], pairs[:held_out]
+
+    def train_dataloader(self) -> DataLoader:
+        lengths = [len(ids) for ids, _ in self.train]
+        batches = BatchesOfLength(RandomSampler(self.train), self.batch_size, drop_last=True, lengths=lengths)
+        return DataLoader(self.train, batch_sampler=batches, collate_fn=padded)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.held_out, batch_size=self.batch_size, collate_fn=padded)
+
+    test_dataloader = predict_dataloader = val_dataloader
+
+
+class BatchesOfLength(BatchSampler):
+    """Batches of samples of about the same length: the sampler's order is cut into pools of 8 batches, each pool
+    sorted by length and cut into batches, and the batches are shuffled (by Python's generator)."""
+
+    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool, lengths: Sequence[int]) -> None:
+        super().__init__(sampler, batch_size, drop_last)
+        self.lengths = lengths
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = list(self.sampler)
+        pool = 8 * self.batch_size
+        batches = []
+        for start in range(0, len(order), pool):
+            by_length = sorted(order[start : start + pool], key=self.lengths.__getitem__)
+            batches += [by_length[i : i + self.batch_size] for i in range(0, len(by_length), self.batch_size)]
+        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        random.shuffle(batches)
+        return iter(batches)
+
+
+def padded(pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """Lines of several lengths as one batch: the inputs padded with 0, the targets with -100, which the loss skips."""
+    ids, following = zip(*pairs, strict=True)
+    return pad_sequence(ids, batch_first=True), pad_sequence(following, batch_first=True, padding_value=-100)
 
 
 class CharLanguageModel(LightningModule):
