@@ -13,6 +13,7 @@ from torch.utils.data import (
     DataLoader,
     Dataset,
     IterableDataset,
+    SequentialSampler,
     Subset,
     SubsetRandomSampler,
     TensorDataset,
@@ -160,6 +161,17 @@ def test_a_list_read_by_workers_is_read_as_it_is():
     sampler = ResumableSampler(rows, num_replicas=1, rank=0, seed=3, shuffle=False)
     assert torch.equal(torch.cat(list(ResumableDataLoader(rows, batch_size=4, sampler=sampler, num_workers=2))),
                        torch.stack(rows))  # fmt: skip
+
+
+def test_workers_of_a_loader_in_an_order_the_kit_does_not_draw_start_as_the_loader_says():
+    # Lightning's `overfit_batches` swaps in a plain sequential sampler: no batch carries a seed then.
+    def start(worker_id: int) -> None:
+        torch.manual_seed(worker_id)
+
+    loader = ResumableDataLoader(Jittered(8), batch_size=4, sampler=SequentialSampler(range(8)), num_workers=2,
+                                 worker_init_fn=start)  # fmt: skip
+    assert loader.worker_init_fn is start
+    assert len(list(loader)) == 2
 
 
 def test_a_cycled_loaders_workers_draw_anew_each_pass_and_the_same_after_a_resume():

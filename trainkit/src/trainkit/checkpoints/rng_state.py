@@ -1,13 +1,13 @@
 """The random number generators' state in checkpoints, each process's own, so a resumed run stays on course."""
 
 import io
-import random
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
+
+from trainkit.data.generators import cpu_generators_state, restore_cpu_generators, seed_cpu_generators
 
 
 class RNGStateCheckpoint(Callback):
@@ -74,24 +74,14 @@ class RNGStateCheckpoint(Callback):
 
 def current_state() -> dict[str, Any]:
     """This process's generators: tensors and lists only."""
-    numpy_state = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].copy()), *numpy_state[2:]],
-        "python": [version, list(internal), gauss_next],
-    }
+    state = cpu_generators_state()
     if torch.cuda.is_initialized():  # a process that never used CUDA has drawn nothing there
         state["cuda"] = torch.cuda.get_rng_state()  # the current device's: this process's GPU
     return state
 
 
 def restore(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy(), *rest))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
+    restore_cpu_generators(state)
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
@@ -101,9 +91,8 @@ def reseed(first: dict[str, Any], rank: int) -> None:
     generator = torch.Generator()
     generator.set_state(first["torch"])
     seed = int(torch.randint(2**31, (1,), generator=generator)) + rank
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # the CUDA generators too
+    seed_cpu_generators(seed)
+    torch.cuda.manual_seed_all(seed)  # lazily, where CUDA is not started yet
 
 
 def from_earlier_format(state: dict[str, Any]) -> dict[str, Any]:

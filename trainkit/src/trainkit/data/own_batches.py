@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from trainkit.data.worker_seeds import Drawn, generators_seeded, seed_of
+from trainkit.data.generators import cpu_generators_seeded
+from trainkit.data.worker_seeds import Drawn, seed_of
 
 
 class OwnBatches:
@@ -37,7 +38,7 @@ class OwnBatches:
         return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[Any]:
-        with generators_seeded(seed_of(self.seed, self.epoch)):  # the same on every process, as seed_everything's
+        with cpu_generators_seeded(seed_of(self.seed, self.epoch)):  # the same on every process, as seed_everything's
             batches = list(self.batch_sampler)
         epoch, trained = self.resumed
         for number in range(trained if epoch == self.epoch else 0, len(batches)):

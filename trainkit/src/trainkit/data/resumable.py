@@ -202,10 +202,11 @@ class ResumableDataLoader(DataLoader):
         if has_own_batches(self):
             rank, processes = (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
             self.own_batches = OwnBatches(self.batch_sampler, seed, rank, processes)
-        if self.num_workers > 0:  # each batch's first index carries the seed its worker draws from
+        draws_order = self.own_batches is not None or isinstance(self.sampler, ResumableSampler)
+        if self.num_workers > 0 and draws_order:  # each batch's first index carries the seed its worker draws from
             if self.own_batches is not None:
                 self.own_batches.seeded = True
-            elif isinstance(self.sampler, ResumableSampler):
+            else:
                 self.sampler.seeded_batch_size = self.batch_size
             self.worker_init_fn = functools.partial(seeded_batches, self.worker_init_fn)
 
@@ -221,7 +222,7 @@ class ResumableDataLoader(DataLoader):
         # the iterator before it sets the epoch, and workers would start on the order at once.
         if self.own_batches is not None and self.trainer is not None:
             self.own_batches.set_epoch(self.trainer.current_epoch)
-        drawn_by = self.sampler if self.own_batches is None else self.own_batches
+        drawn_by = self.drawn_by()
         self.generator.manual_seed(getattr(drawn_by, "seed", 0) + getattr(drawn_by, "epoch", 0))
         yield from super().__iter__()
         if self.combined and isinstance(self.sampler, ResumableSampler):
@@ -231,7 +232,7 @@ class ResumableDataLoader(DataLoader):
     def state_dict(self) -> dict[str, int]:
         # The job's place in the epoch, not this process's: the next run may have more or fewer processes.
         processes, trained = self.processes(), batches_trained(self.trainer)
-        epoch = getattr(self.sampler if self.own_batches is None else self.own_batches, "epoch", 0)
+        epoch = getattr(self.drawn_by(), "epoch", 0)
         if trained is None:  # after an epoch's last batch, the next run starts the next epoch
             return {"epoch": epoch + 1, "samples": 0, "processes": processes}
         if self.own_batches is not None:  # each process's batches, which it goes on with on as many processes
@@ -279,6 +280,10 @@ class ResumableDataLoader(DataLoader):
             warn_not_resumable(f"loader's batch sampler ({name}) made batches on {before} processes and is on {now}")
             batches = 0
         self.own_batches.resumed = (state["epoch"], batches)
+
+    def drawn_by(self) -> Any:
+        """What draws the epoch's order and keeps its epoch: the batch sampler's batches, or the sampler."""
+        return self.sampler if self.own_batches is None else self.own_batches
 
     def first_batch(self) -> int:
         """Where the Trainer's count of the epoch's batches stood when this run began on the epoch (or went on)."""

@@ -9,40 +9,19 @@ before it reads the batch (`seeded_batches`): each batch draws the same with any
 import contextlib
 import functools
 import hashlib
-import random
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import torch
 from torch.utils.data import get_worker_info
+
+from trainkit.data.generators import seed_cpu_generators
 
 
 def seed_of(*numbers: int) -> int:
     """A seed made from `numbers` (the run's seed, an epoch, ...): another for any other numbers."""
     packed = struct.pack(f"<{len(numbers)}q", *numbers)
     return int.from_bytes(hashlib.blake2b(packed, digest_size=7).digest(), "little")
-
-
-def seed_generators(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's CPU generator (not the GPUs', which the model draws from)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)  # NumPy's seeds have 32 bits
-    torch.default_generator.manual_seed(seed)
-
-
-@contextlib.contextmanager
-def generators_seeded(seed: int) -> Iterator[None]:
-    """Python's, NumPy's and torch's CPU generator seeded with `seed` within, and as they were again after."""
-    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    seed_generators(seed)
-    try:
-        yield
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.set_rng_state(states[2])
 
 
 class Drawn(int):
@@ -77,6 +56,6 @@ def read_seeded(dataset: Any, read_batch: Callable[[Any, list[int]], list] | Non
     seeding the generators from the first index's seed."""
     seed = getattr(indices[0], "seed", None)
     if seed is not None:
-        seed_generators(seed)
+        seed_cpu_generators(seed)
         indices = [int(indices[0]), *indices[1:]]  # the dataset is handed plain indices
     return read_batch(dataset, indices) if read_batch else [dataset[index] for index in indices]
