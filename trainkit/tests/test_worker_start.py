@@ -1,5 +1,6 @@
 """Data loader workers start from a process with threads; one stuck in its fork ends the job with 75, never a hang."""
 
+import re
 import subprocess
 import sys
 import time
@@ -31,6 +32,9 @@ def test_a_worker_stuck_in_its_fork_ends_the_job_with_75_and_names_it(experiment
         output[-3000:]
     )
     assert "(pid " in line.partition("of its fork")[2]  # the stuck worker named
+    # Where it was stuck, printed by the worker itself: on the lock (here, the sleep) that held it.
+    stack = output.partition("the stack of data loader worker")[2]
+    assert re.search(r'File ".*train_with_stuck_forks.py", line \d+ in <lambda>', stack), output[-3000:]
 
 
 def test_two_process_fits_with_loader_workers_start_every_worker(experiment, tmp_path):
@@ -40,3 +44,21 @@ def test_two_process_fits_with_loader_workers_start_every_worker(experiment, tmp
                            "--data.num_workers", "2", timeout=240)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         assert "did not start" not in result.stderr
+
+
+def test_a_process_that_forks_keeps_its_own_sigusr2_handler():
+    # Each fork hands the child a stack printer on SIGUSR2; the parent's own handler stays as it was.
+    script = """
+import os, signal
+from trainkit.run.worker_start import watch_worker_starts
+watch_worker_starts()
+signal.signal(signal.SIGUSR2, lambda *_: print("own handler"))
+child = os.fork()
+if child == 0:
+    os._exit(0)
+os.waitpid(child, 0)
+os.kill(os.getpid(), signal.SIGUSR2)
+"""
+    result = subprocess.run([sys.executable, "-c", script], env=clean_env(), capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert result.returncode == 0 and result.stdout == "own handler\n", result.stderr

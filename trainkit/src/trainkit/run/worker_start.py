@@ -10,8 +10,15 @@ So each fork is counted in the parent, and each child says it arrived as the las
 after the fork (a pid written to a pipe: no lock involved). A fork whose child has not arrived
 within WORKER_START_SECONDS ends this process with exit 75 (exit_codes.LOST_NODE: retried, it
 resumes), naming the child; the other processes of the job then lose this one and end with 75 too.
+
+Before that, the stuck child prints where it waits: every fork hands its child Python's fault
+handler on SIGUSR2 (a C-level handler, which runs however stuck the child's Python is), the child
+gives it up once it has arrived, and the watchdog sends a child that has not SIGUSR2. The stack
+(and those of the threads that were alive at the fork) says which lock was held, and by what.
 """
 
+import contextlib
+import faulthandler
 import os
 import select
 import signal
@@ -24,6 +31,8 @@ from trainkit.run.exit_codes import LOST_NODE
 from trainkit.run.processes import children_of
 
 WORKER_START_SECONDS = 60.0  # a fork of a large process copies its page tables: seconds, never a minute
+STACK_SIGNAL = signal.SIGUSR2  # a stuck child prints its stack on it
+STACK_SECONDS = 1.0  # for a stuck child to print its stack
 
 _fork_times: list[float] = []  # when this process forked, oldest first
 _arrived: set[int] = set()  # the children that said they started
@@ -34,17 +43,23 @@ def watch_worker_starts() -> None:
     """From now on, a process forked from this one that does not start in time ends this one with exit 75."""
     global _write_end
     read_end, _write_end = os.pipe()
-    os.register_at_fork(before=_count_fork, after_in_child=_say_arrived)
+    os.register_at_fork(before=_count_fork, after_in_parent=_keep_stack_signal, after_in_child=_say_arrived)
     threading.Thread(target=_watch, args=(read_end,), name="worker-starts", daemon=True).start()
 
 
 def _count_fork() -> None:
     _fork_times.append(time.monotonic())
+    faulthandler.register(STACK_SIGNAL, file=2, all_threads=True)  # the child prints its stack to stderr
+
+
+def _keep_stack_signal() -> None:
+    faulthandler.unregister(STACK_SIGNAL)  # SIGUSR2 means to the parent what it meant before the fork
 
 
 def _say_arrived() -> None:
     # Registered after the kit's other fork hooks (run/stopping.py), so this runs once they have run.
     os.write(_write_end, os.getpid().to_bytes(4, "little"))
+    faulthandler.unregister(STACK_SIGNAL)
     _fork_times.clear()  # the child counts its own forks only
     _arrived.clear()
 
@@ -77,9 +92,19 @@ def _forked(pid: int) -> bool:
         return False  # ended meanwhile
 
 
+def _print_stacks(hung: list[int]) -> None:
+    """Have each stuck child print its stack to stderr, below a line that says whose it is."""
+    for pid in hung:
+        print(f"the stack of data loader worker {pid}, stuck in its fork:", file=sys.stderr, flush=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, STACK_SIGNAL)
+            time.sleep(STACK_SECONDS)
+
+
 def _end_the_job(hung: list[int]) -> None:
     which = f"pid {', '.join(map(str, hung))}" if hung else "its pid is unknown"
     sys.stdout.flush()
+    _print_stacks(hung)
     print(
         f"error: a data loader worker of this process (pid {os.getpid()}) did not start within"
         f" {WORKER_START_SECONDS:.0f} s of its fork ({which}), probably stuck on a lock another thread held when it"
