@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import (
     DataLoader,
     Dataset,
+    DistributedSampler,
     IterableDataset,
     SequentialSampler,
     Subset,
@@ -20,7 +21,12 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from trainkit.data.resumable import ResumableData, ResumableDataLoader, ResumableSampler
+from trainkit.data.resumable import (
+    DistributedResumableSampler,
+    ResumableData,
+    ResumableDataLoader,
+    ResumableSampler,
+)
 from trainkit.testing.tiny import TinyClassifier
 from trainkit.testing.training_samples import recorded
 
@@ -126,6 +132,17 @@ def test_a_subset_loader_orders_its_indices_only_from_the_seed_and_the_epoch(mon
     assert len(kept.batches) == len(kept.loader) == 5, "as many samples an epoch as the split has"
     order = [split[place] for place in torch.randperm(20, generator=torch.Generator().manual_seed(7))]  # epoch 0
     assert torch.equal(torch.cat([features for features, _ in kept.batches]), dataset.tensors[0][order])
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_distributed_sampler_of_the_data_modules_own_keeps_its_order_and_each_process_its_share(drop_last):
+    # Code written for plain PyTorch's DDP shares out its data itself: 41 rows over 3 processes.
+    dataset = random_images(41)
+    for rank in range(3):
+        own = DistributedSampler(dataset, num_replicas=3, rank=rank, seed=5, drop_last=drop_last)
+        kept = fit(TrainLoaders(DataLoader(dataset, batch_size=2, sampler=own)), batches=1.0)
+        assert type(kept.loader.sampler) is DistributedResumableSampler
+        assert torch.equal(torch.cat([features for features, _ in kept.batches]), dataset.tensors[0][list(own)])
 
 
 class Jittered(Dataset):

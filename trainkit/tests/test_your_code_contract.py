@@ -105,7 +105,9 @@ def test_the_sharded_drill_resumes_a_model_that_shards_to_the_same_weights(tmp_p
 
 @pytest.mark.drills
 @pytest.mark.parametrize(
-    "data", ["tasks.regression.WeightedTable", "tasks.regression.SplitByIndices"], ids=["weighted", "subset"]
+    "data",
+    ["tasks.regression.WeightedTable", "tasks.regression.SplitByIndices", "tasks.regression.SharedOutByItself"],
+    ids=["weighted", "subset", "distributed"],
 )
 def test_the_drill_resumes_a_sampler_of_the_data_modules_to_the_same_weights(tmp_path: Path, data: str):
     class SamplerPair(YourCodeContract):  # rows drawn by a WeightedRandomSampler or a SubsetRandomSampler

@@ -18,6 +18,8 @@ in the epoch's order, so they too draw the same in a resumed run as in one never
 
 A `WeightedRandomSampler` and a `SubsetRandomSampler` (a split by indices) are rebuilt the same way: their draws
 and orders, too, come from the seed and the epoch; a `BatchSampler` spelled out, as `batch_size` and `drop_last`.
+A `DistributedSampler` of the data module's own (code written for plain PyTorch's DDP) keeps its seed, order and
+shares, and resumes as the kit's own sampler does.
 A batch sampler of the data module's own is kept, and read through `OwnBatches` (own_batches.py).
 Several training loaders that Lightning combines are each rebuilt so, each keeping its place in its own pass
 (Lightning starts a shorter one's pass again within the epoch). Loaders over an IterableDataset (litdata's
@@ -179,6 +181,23 @@ class SubsetResumableSampler(ResumableSampler):
         return [self.indices[place] for place in super().order()]
 
 
+class DistributedResumableSampler(ResumableSampler):
+    """A DistributedSampler of the data module's own: the same order and shares, from its seed and the epoch.
+
+    With `drop_last`, as there, the order leaves out the dataset's last places that would not share out evenly.
+    """
+
+    def __init__(self, drawn: DistributedSampler) -> None:
+        dataset, replicas = drawn.dataset, drawn.num_replicas
+        kept = len(dataset) - (len(dataset) % replicas if drawn.drop_last else 0)
+        super().__init__(dataset, replicas, drawn.rank, seed=drawn.seed, shuffle=drawn.shuffle, size=kept)
+
+    def order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.size))
+        return torch.randperm(len(self.dataset), generator=self.epochs_generator())[: self.size].tolist()
+
+
 class ResumableDataLoader(DataLoader):
     """A training DataLoader over a map-style dataset that Lightning resumes mid-epoch.
 
@@ -327,7 +346,7 @@ def not_resumable_because(loader: Any) -> str | None:
         no_length = not isinstance(batches, Sized)  # its epoch has no known end, nor place to resume at
         return f"uses a batch sampler of its own ({type(batches).__name__}) with no length" if no_length else None
     drawn_by = batches.sampler  # a BatchSampler's: made by the DataLoader from `batch_size`, or spelled out
-    rebuilt_too = (WeightedRandomSampler, SubsetRandomSampler)
+    rebuilt_too = (WeightedRandomSampler, SubsetRandomSampler, DistributedSampler)
     if shuffles(drawn_by, loader.dataset) is None and type(drawn_by) not in rebuilt_too:
         return f"uses a sampler of its own ({type(drawn_by).__name__})"
     return None
@@ -362,8 +381,9 @@ def resumable(loader: Any, trainer: Trainer, combined: bool = False) -> Any:
     """`loader` rebuilt as a ResumableDataLoader with every argument it was given, when it is a plain DataLoader over
     a map-style dataset (an IterableDataset's loader has no order to resume).
 
-    One that batches with `batch_size` (or a BatchSampler spelled out) in a sequential, shuffled, weighted or subset's
-    shuffled order gets a ResumableSampler; one with a batch sampler of its own keeps it (`with_own_batches`).
+    One that batches with `batch_size` (or a BatchSampler spelled out) in a sequential, shuffled, weighted, subset's
+    shuffled or distributed order gets a ResumableSampler; one with a batch sampler of its own keeps it
+    (`with_own_batches`).
     `combined`: it is one of several that Lightning combines (`resumable_training`).
     """
     if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
@@ -383,7 +403,9 @@ def resumable(loader: Any, trainer: Trainer, combined: bool = False) -> Any:
     num_replicas, rank = (sharing["num_replicas"], sharing["rank"]) if sharing else (1, 0)
     batches = loader.batch_sampler
     drawn = batches.sampler  # a BatchSampler's: made by the DataLoader from `batch_size`, or spelled out
-    if type(drawn) is WeightedRandomSampler:
+    if type(drawn) is DistributedSampler:  # the data module shares out its data itself
+        sampler = DistributedResumableSampler(drawn)
+    elif type(drawn) is WeightedRandomSampler:
         sampler = WeightedResumableSampler(
             loader.dataset, drawn.weights, drawn.num_samples, drawn.replacement, num_replicas, rank, seed=seed
         )

@@ -7,6 +7,7 @@ import csv
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 from torch.utils.data import (
     DataLoader,
     Dataset,
+    DistributedSampler,
     Subset,
     SubsetRandomSampler,
     TensorDataset,
@@ -67,6 +69,16 @@ class SplitByIndices(Table):
     def train_dataloader(self) -> DataLoader:
         rows = SubsetRandomSampler(self.train.indices)
         return DataLoader(self.train.dataset, batch_size=self.batch_size, sampler=rows)
+
+
+class SharedOutByItself(Table):
+    """The training rows shared out over the processes by a DistributedSampler of the data module's own, as code
+    written for plain PyTorch's DDP does."""
+
+    def train_dataloader(self) -> DataLoader:
+        if not dist.is_initialized():
+            return super().train_dataloader()
+        return DataLoader(self.train, batch_size=self.batch_size, sampler=DistributedSampler(self.train, seed=5))
 
 
 class LabeledAndUnlabeled(Table):
