@@ -14,6 +14,7 @@ from torch.utils.data import (
     Dataset,
     DistributedSampler,
     IterableDataset,
+    RandomSampler,
     SequentialSampler,
     Subset,
     SubsetRandomSampler,
@@ -23,6 +24,7 @@ from torch.utils.data import (
 
 from trainkit.data.resumable import (
     DistributedResumableSampler,
+    RandomResumableSampler,
     ResumableData,
     ResumableDataLoader,
     ResumableSampler,
@@ -111,6 +113,25 @@ def test_a_shuffled_loader_takes_its_order_from_the_seed_and_the_epoch(monkeypat
     assert sampler.shuffle and sampler.seed == 7 and sampler.epoch == 0
     order = torch.randperm(40, generator=torch.Generator().manual_seed(7))  # DistributedSampler's, for epoch 0
     assert torch.equal(torch.cat([features for features, _ in kept.batches]), dataset.tensors[0][order[:8]])
+
+
+@pytest.mark.parametrize("replacement", [False, True], ids=["whole-shuffles", "with-replacement"])
+def test_a_random_sampler_of_a_set_number_of_draws_draws_them_from_the_seed_and_resumes_after_those_trained(
+    monkeypatch, replacement
+):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    dataset = random_images(40)
+    drawn = RandomSampler(dataset, replacement=replacement, num_samples=100)  # epochs of 100 rows, whatever the size
+    kept = fit(TrainLoaders(DataLoader(dataset, batch_size=4, sampler=drawn)), batches=1.0)
+    sampler = kept.loader.sampler
+    assert type(sampler) is RandomResumableSampler
+    assert len(kept.batches) == len(kept.loader) == 25, "as many samples an epoch as the sampler draws"
+    order = list(sampler)
+    assert torch.equal(torch.cat([features for features, _ in kept.batches]), dataset.tensors[0][order])
+    if not replacement:  # two whole shuffles of the 40 rows, then 20 rows of a third
+        assert sorted(order[:40]) == sorted(order[40:80]) == list(range(40)) and len(set(order[80:])) == 20
+    sampler.resumed = (0, 48)
+    assert list(sampler) == order[48:], "a resume goes on with the rows after those trained"
 
 
 def test_a_weighted_loader_draws_from_its_weights_in_an_order_from_the_seed_and_the_epoch(monkeypatch):

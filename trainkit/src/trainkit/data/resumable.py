@@ -16,8 +16,9 @@ restarted on another number of processes goes on with the rest of the epoch, sha
 processes it has now. Its loader workers seed each batch's random draws (augmentation) from the batch's place
 in the epoch's order, so they too draw the same in a resumed run as in one never stopped.
 
-A `WeightedRandomSampler` and a `SubsetRandomSampler` (a split by indices) are rebuilt the same way: their draws
-and orders, too, come from the seed and the epoch; a `BatchSampler` spelled out, as `batch_size` and `drop_last`.
+A `RandomSampler` of a set number of draws (or with replacement), a `WeightedRandomSampler` and a
+`SubsetRandomSampler` (a split by indices) are rebuilt the same way: their draws and orders, too, come from the
+seed and the epoch; a `BatchSampler` spelled out, as `batch_size` and `drop_last`.
 A `DistributedSampler` of the data module's own (code written for plain PyTorch's DDP) keeps its seed, order and
 shares, and resumes as the kit's own sampler does.
 A batch sampler of the data module's own is kept, and read through `OwnBatches` (own_batches.py).
@@ -179,6 +180,23 @@ class SubsetResumableSampler(ResumableSampler):
 
     def order(self) -> list[int]:
         return [self.indices[place] for place in super().order()]
+
+
+class RandomResumableSampler(ResumableSampler):
+    """A RandomSampler's `num_samples` draws (an epoch of a set size, whatever the dataset's), with replacement or
+    in whole shuffles of the dataset cut at that size, made from the seed and the epoch alone and shared out as
+    ResumableSampler's."""
+
+    def __init__(self, dataset: Sized, draws: int, replacement: bool, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas, rank, seed=seed, size=draws)
+        self.replacement = replacement
+
+    def order(self) -> list[int]:
+        rows, generator = len(self.dataset), self.epochs_generator()
+        if self.replacement:
+            return torch.randint(rows, (self.size,), generator=generator).tolist()
+        shuffles = [torch.randperm(rows, generator=generator) for _ in range(math.ceil(self.size / rows))]
+        return torch.cat(shuffles)[: self.size].tolist()
 
 
 class DistributedResumableSampler(ResumableSampler):
@@ -346,7 +364,7 @@ def not_resumable_because(loader: Any) -> str | None:
         no_length = not isinstance(batches, Sized)  # its epoch has no known end, nor place to resume at
         return f"uses a batch sampler of its own ({type(batches).__name__}) with no length" if no_length else None
     drawn_by = batches.sampler  # a BatchSampler's: made by the DataLoader from `batch_size`, or spelled out
-    rebuilt_too = (WeightedRandomSampler, SubsetRandomSampler, DistributedSampler)
+    rebuilt_too = (RandomSampler, WeightedRandomSampler, SubsetRandomSampler, DistributedSampler)
     if shuffles(drawn_by, loader.dataset) is None and type(drawn_by) not in rebuilt_too:
         return f"uses a sampler of its own ({type(drawn_by).__name__})"
     return None
@@ -381,9 +399,9 @@ def resumable(loader: Any, trainer: Trainer, combined: bool = False) -> Any:
     """`loader` rebuilt as a ResumableDataLoader with every argument it was given, when it is a plain DataLoader over
     a map-style dataset (an IterableDataset's loader has no order to resume).
 
-    One that batches with `batch_size` (or a BatchSampler spelled out) in a sequential, shuffled, weighted, subset's
-    shuffled or distributed order gets a ResumableSampler; one with a batch sampler of its own keeps it
-    (`with_own_batches`).
+    One that batches with `batch_size` (or a BatchSampler spelled out) in a sequential, shuffled, randomly drawn,
+    weighted, subset's shuffled or distributed order gets a ResumableSampler; one with a batch sampler of its own
+    keeps it (`with_own_batches`).
     `combined`: it is one of several that Lightning combines (`resumable_training`).
     """
     if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
@@ -403,6 +421,7 @@ def resumable(loader: Any, trainer: Trainer, combined: bool = False) -> Any:
     num_replicas, rank = (sharing["num_replicas"], sharing["rank"]) if sharing else (1, 0)
     batches = loader.batch_sampler
     drawn = batches.sampler  # a BatchSampler's: made by the DataLoader from `batch_size`, or spelled out
+    shuffle = shuffles(drawn, loader.dataset)
     if type(drawn) is DistributedSampler:  # the data module shares out its data itself
         sampler = DistributedResumableSampler(drawn)
     elif type(drawn) is WeightedRandomSampler:
@@ -411,8 +430,9 @@ def resumable(loader: Any, trainer: Trainer, combined: bool = False) -> Any:
         )
     elif type(drawn) is SubsetRandomSampler:
         sampler = SubsetResumableSampler(loader.dataset, drawn.indices, num_replicas, rank, seed=seed)
+    elif shuffle is None:  # a RandomSampler of a set number of draws, or with replacement
+        sampler = RandomResumableSampler(loader.dataset, drawn.num_samples, drawn.replacement, num_replicas, rank, seed)
     else:
-        shuffle = shuffles(drawn, loader.dataset)
         sampler = ResumableSampler(loader.dataset, num_replicas, rank, seed=seed, shuffle=shuffle)
     # Lightning's own way of re-creating a loader with another sampler, which keeps its other arguments.
     args, kwargs = _get_dataloader_init_args_and_kwargs(loader, sampler)
