@@ -142,16 +142,8 @@ def training_images(mnist_dir: Path) -> torch.Tensor:
     return data.on_after_batch_transfer(data.train_set.tensors, dataloader_idx=0)[0]
 
 
-def test_each_process_trains_on_its_own_shard_reshuffled_every_epoch(mnist_dir, tmp_path):
-    result = run_train(
-        "fit", *mnist_run_args(mnist_dir, tmp_path / "run"),
-        "--trainer.devices", "2", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "1.0",
-        "--data.on_device", "true",
-        "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples",
-        "--trainer.callbacks.out_dir", str(tmp_path / "seen"),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [recorded(tmp_path / "seen", rank) for rank in (0, 1)]
+def test_each_process_trains_on_its_own_shard_reshuffled_every_epoch(mnist_dir, two_sharded_processes):
+    ranks = [recorded(two_sharded_processes / "seen", rank) for rank in (0, 1)]
 
     every_image = sorted(sample_ids(training_images(mnist_dir)))
     for epoch in (0, 1):

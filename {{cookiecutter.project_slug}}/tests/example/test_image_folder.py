@@ -1,7 +1,5 @@
 """Images in class folders (data/image_folder.py), and any image data module made into chunks (trainkit/chunks.py)."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -9,13 +7,11 @@ import torch
 from lightning.pytorch import LightningDataModule
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
-from trainkit.chunks import datasets
+from trainkit.chunks import convert, datasets, facts
 from trainkit.data.streaming import StreamingImageDataModule
 from trainkit.run.errors import ConfigError
 
 from {{ cookiecutter.package_name }}.data.image_folder import ImageFolderDataModule
-
-from ..conftest import PROJECT_ROOT, clean_env
 
 
 def write_images(root: Path, split: str, label: str, count: int, mode: str = "RGB", size: tuple[int, int] = (12, 10)):
@@ -101,17 +97,9 @@ def test_a_folder_that_does_not_fit_is_named_in_one_line(tmp_path, case, message
     assert "\n" not in str(error.value)
 
 
-def convert(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "trainkit.chunks",
-               "--config", str(PROJECT_ROOT / "configs" / "experiment.yaml"), "--workers", "1", *args]  # fmt: skip
-    return subprocess.run(command, cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
-
-
 def test_a_folder_of_rgba_images_converts_to_chunks_that_stream_the_same_pixels(tmp_path):
     root = image_folder(tmp_path / "images", mode="RGBA")
-    result = convert("--data", str(PROJECT_ROOT / "configs" / "data" / "image_folder.yaml"),
-                     "--data.root", str(root), "--out", str(tmp_path / "chunks"))  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    convert(ImageFolderDataModule(str(root)), str(tmp_path / "chunks"), ["train", "val"], workers=1)
 
     streamed = StreamingImageDataModule(str(tmp_path / "chunks"), num_workers=0)
     assert (streamed.in_channels, streamed.num_classes) == (4, 3)
@@ -140,15 +128,14 @@ class FloatSamples(LightningDataModule):
     val_dataloader = test_dataloader = train_dataloader
 
 
-def test_a_data_module_without_images_is_refused_in_one_line(tmp_path):
-    result = convert("--data", "tests.example.test_image_folder.FloatSamples", "--out", str(tmp_path / "chunks"))
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
-        "error: FloatSamples: train sample 0 is (float32 tensor of shape (5,), int64 tensor of shape ());"
+def test_a_data_module_without_images_is_refused_naming_its_samples():
+    samples = FloatSamples()
+    with pytest.raises(ConfigError) as refused:
+        facts(samples, datasets(samples, ["train", "val"]))
+    assert str(refused.value) == (
+        "FloatSamples: train sample 0 is (float32 tensor of shape (5,), int64 tensor of shape ());"
         " chunks hold (image, label) pairs: a uint8 tensor (channels, height, width) and an integer class"
     )
-    assert "Traceback" not in result.stderr
-    assert not (tmp_path / "chunks").exists()
 
 
 def test_an_empty_split_is_refused():

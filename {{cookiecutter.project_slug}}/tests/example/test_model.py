@@ -13,8 +13,7 @@ from trainkit.cli import ProjectCLI
 from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
 from {{ cookiecutter.package_name }}.models.image_classifier import ConvNet, ImageClassifier
 
-from ..conftest import EXPERIMENT, PROJECT_ROOT, run_train
-from .conftest import mnist_run_args
+from ..conftest import EXPERIMENT
 from .fake_mnist import fake_digits
 
 
@@ -171,19 +170,10 @@ def test_compile_option_compiles_the_network_in_place(compile, compiled_graphs):
     assert all(parameter.grad is not None for parameter in model.net.parameters())
 
 
-def test_the_example_trains_sharded_with_each_process_holding_half_of_every_block(mnist_dir, tmp_path):
+def test_the_example_trains_sharded_with_each_process_holding_half_of_every_block(two_sharded_processes):
     # The same model class as under DDP and on one device: its configure_model shards it when there is a mesh.
-    result = run_train(
-        "fit", *mnist_run_args(mnist_dir, tmp_path / "run"),
-        "--config", str(PROJECT_ROOT / "configs" / "strategy" / "fsdp.yaml"), "--trainer.devices", "2",
-        "--trainer.callbacks+=trainkit.testing.rank_report.ReportRank",
-        "--trainer.callbacks.out_dir", str(tmp_path / "reports"),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    reports = [json.loads(path.read_text()) for path in sorted((tmp_path / "reports").glob("rank*.json"))]
+    reports = [json.loads(path.read_text()) for path in sorted((two_sharded_processes / "reports").glob("rank*.json"))]
     assert len(reports) == 2 and reports[0]["weights"] == reports[1]["weights"]
     assert [report["parameters_held"] * 2 for report in reports] == [reports[0]["parameters"]] * 2
-    assert sorted(path.name for path in (tmp_path / "run" / "checkpoints" / "last.ckpt").glob("*.distcp")) == [
-        "__0_0.distcp",
-        "__1_0.distcp",
-    ]
+    checkpoint = two_sharded_processes / "run" / "checkpoints" / "last.ckpt"
+    assert sorted(path.name for path in checkpoint.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
