@@ -1,12 +1,13 @@
 """The example's fixtures: small synthetic MNIST files, and the same converted into chunks."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from trainkit.chunks import convert
 
-from ..conftest import EXPERIMENT, PROJECT_ROOT, clean_env, quick_run_args, run_train
+from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
+
+from ..conftest import EXPERIMENT, PROJECT_ROOT, quick_run_args, run_train
 from .fake_mnist import write_fake_mnist
 
 
@@ -22,13 +23,9 @@ def mnist_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def mnist_chunks(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The synthetic MNIST converted into chunks by the project's own command."""
+    """The synthetic MNIST converted into chunks, as the project's chunks command converts it."""
     out = tmp_path_factory.mktemp("chunks") / "mnist-chunks"
-    command = [sys.executable, "-m", "trainkit.chunks",
-               "--config", str(EXPERIMENT), "--data.data_dir", str(mnist_dir),
-               "--data.download", "false", "--out", str(out), "--workers", "2"]  # fmt: skip
-    result = subprocess.run(command, cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    convert(MNISTDataModule(data_dir=str(mnist_dir), download=False), str(out), ["train", "val", "test"], workers=2)
     return out
 
 
