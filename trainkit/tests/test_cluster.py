@@ -432,6 +432,7 @@ def test_a_process_that_another_launcher_started_is_not_claimed(environ, environ
 
 ANSWER_ROLL_CALL = """
 import sys
+import time
 from datetime import timedelta
 from trainkit.cluster import roll_call as module
 from trainkit.cluster.roll_call import roll_call
@@ -444,7 +445,14 @@ if answer_after >= 0:  # this node answers only once that node has: it is the la
         return store
     module._open_store = open_store_then_wait
 try:
-    roll_call("127.0.0.1", port, node_rank, num_nodes, processes, "RANK", timedelta(seconds=seconds))
+    store = roll_call("127.0.0.1", port, node_rank, num_nodes, processes, "RANK", timedelta(seconds=seconds))
+    # The job goes on with the store, as torch's process group does: node 0 serves it until the others are done
+    # with it (else a node still reading the answers would lose it, which is not what this test is about).
+    if node_rank == 0:
+        while store.add("test/done", 0) < num_nodes - 1:
+            time.sleep(0.05)
+    else:
+        store.add("test/done", 1)  # this node's last use of the store
     print("joined")
 except Exception as error:
     print(f"{type(error).__name__}: {error}")
