@@ -5,13 +5,11 @@ Every process a test starts imports the kit from `src/` and the tests' helpers f
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .helpers import EXPERIMENT, PROJECT_ROOT, clean_env, quick_trainer_args
+from .helpers import EXPERIMENT, PROJECT_ROOT, quick_trainer_args, run_chunks
 
 KIT_ROOT = Path(__file__).resolve().parent.parent
 os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -32,9 +30,7 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_chunks(experiment: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny data converted into chunks by the project's own command."""
     out = tmp_path_factory.mktemp("chunks") / "tiny-chunks"
-    command = [sys.executable, "-m", "trainkit.chunks", "--config", str(experiment),
-               "--out", str(out), "--workers", "2"]  # fmt: skip
-    result = subprocess.run(command, cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    result = run_chunks("--config", str(experiment), "--out", str(out), "--workers", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import PROJECT_ROOT, clean_env, quick_run_args, run_train
+from .helpers import PROJECT_ROOT, clean_env, quick_run_args, run_chunks, run_train
 
 
 def without(tmp_path: Path, package: str) -> dict[str, str]:
@@ -41,9 +41,7 @@ def test_the_local_sweep_without_optuna(tmp_path):
 
 
 def test_chunks_without_litdata(experiment, tmp_path):
-    command = [sys.executable, "-m", "trainkit.chunks", "--config", str(experiment), "--out", str(tmp_path / "c")]
-    result = subprocess.run(command, cwd=PROJECT_ROOT, env=without(tmp_path, "litdata"), capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
+    result = run_chunks("--config", str(experiment), "--out", str(tmp_path / "c"), env=without(tmp_path, "litdata"))
     assert_one_line_naming_the_extra(result, "litdata", "streaming")
 
 

@@ -1,8 +1,6 @@
 """Streaming: chunks written by trainkit.chunks, read by streaming_images.py, shared by processes and workers."""
 
 import json
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -15,7 +13,7 @@ from trainkit.testing.tiny import IMAGE_SIZE, TinyDataModule
 from trainkit.testing.training_samples import recorded, sample_ids
 
 from .conftest import streaming_run_args
-from .helpers import PROJECT_ROOT, clean_env, run_train
+from .helpers import run_chunks, run_train
 from .project.tasks.regression import Table
 
 
@@ -113,9 +111,8 @@ def test_data_chunks_cannot_hold_is_refused_in_one_line_naming_it(experiment, tm
 
     # The command says it in one line, exit status 2, and writes nothing.
     out = tmp_path / "chunks"
-    command = [sys.executable, "-m", "trainkit.chunks", "--config", str(experiment), "--data", "tasks.regression.Table",
-               "--splits", "[train,val]", "--out", str(out), "--workers", "1"]  # fmt: skip
-    result = subprocess.run(command, cwd=PROJECT_ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    result = run_chunks("--config", str(experiment), "--data", "tasks.regression.Table", "--splits", "[train,val]",
+                        "--out", str(out), "--workers", "1")  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: Table: train sample 0 is (float32 tensor")
     assert "Traceback" not in result.stderr and not out.exists()

@@ -1,4 +1,4 @@
-"""The example's fixtures: small synthetic MNIST files, and the same converted into chunks."""
+"""The example's fixtures: small synthetic MNIST files, the same converted into chunks, and one 2-process run."""
 
 from pathlib import Path
 
