@@ -6,6 +6,7 @@ import math
 import signal
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,8 @@ from trainkit.testing.training_samples import recorded, sample_ids
 
 from .conftest import streaming_run_args
 from .drills import load, paced, start, wait_for, whole_epochs
-from .helpers import clean_env, quick_run_args, run_train
+from .helpers import clean_env, quick_run_args, quick_trainer_args, run_train
+from .test_resumable import TrainsOnEach
 
 TRAIN_SIZE = 576  # the tiny data's training images
 # Batches that share every number of processes here out evenly: in memory each process takes its share in batches
@@ -109,15 +111,15 @@ class Images(LightningDataModule):
         return DataLoader(TensorDataset(self.images, labels), batch_size=4, shuffle=True)
 
 
-class KeepImages(Callback):
-    """Keeps the images a run trains on; saves a checkpoint after step `save_at`, as a preemption does."""
+class KeepBatches(Callback):
+    """Keeps the batches a run trains on; saves a checkpoint after step `save_at`, as a preemption does."""
 
     def __init__(self, save_at: int, checkpoint: Path) -> None:
         self.save_at, self.checkpoint = save_at, checkpoint
-        self.trained: list[torch.Tensor] = []
+        self.trained: list[Any] = []
 
     def on_train_batch_start(self, trainer: Trainer, pl_module, batch, batch_idx: int) -> None:
-        self.trained.append(batch[0])
+        self.trained.append(batch)
 
     def on_train_batch_end(self, trainer: Trainer, *args) -> None:
         if trainer.global_step == self.save_at:
@@ -125,21 +127,32 @@ class KeepImages(Callback):
 
 
 def fit(
-    data: LightningDataModule, ckpt_path: Path | None, save_at: int, checkpoint: Path, epochs: int = 1
+    data: LightningDataModule,
+    ckpt_path: Path | None,
+    save_at: int,
+    checkpoint: Path,
+    epochs: int = 1,
+    loader: str | None = None,
 ) -> tuple[Trainer, torch.Tensor]:
-    """An epoch in this process, with the callback every run gets; the images it trained on."""
-    kept = KeepImages(save_at, checkpoint)
+    """An epoch in this process, with the callback every run gets; the images it trained on (those of the training
+    loader named `loader`, where the data module has several)."""
+    kept = KeepBatches(save_at, checkpoint)
     trainer = Trainer(accelerator="cpu", max_epochs=epochs, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False,
                       callbacks=[ResumableData(), kept])  # fmt: skip
-    trainer.fit(TinyClassifier(), data, ckpt_path=ckpt_path)
-    return trainer, torch.cat(kept.trained)
+    trainer.fit(TrainsOnEach() if loader else TinyClassifier(), data, ckpt_path=ckpt_path)
+    return trainer, torch.cat([(batch[loader] if loader else batch)[0] for batch in kept.trained])
 
 
 def place(checkpoint: dict) -> dict[str, int]:
     """Where the training loader's state in `checkpoint` says the job stood."""
-    (state,) = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    (state,) = places(checkpoint)
     return state
+
+
+def places(checkpoint: dict) -> list[dict[str, int]]:
+    """Where each training loader's state in `checkpoint` says the job stood, in Lightning's order of the loaders."""
+    return checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
 
 
 def test_a_resharded_epoch_keeps_the_jobs_place_and_ends_after_its_last_sample(monkeypatch, caplog, tmp_path):
@@ -164,6 +177,49 @@ def test_a_resharded_epoch_keeps_the_jobs_place_and_ends_after_its_last_sample(m
     trainer, trained = fit(data, second, save_at=-1, checkpoint=second)
     assert torch.equal(trained, order[32:])
     assert trainer.global_step == 5 + (96 - 32) // 4
+
+
+class UnlabeledAndLabeled(LightningDataModule):
+    """Two training loaders, shuffled in batches of 4: 96 images and 40, the shorter one cycled by Lightning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images = {"unlabeled": torch.randn(96, 1, 4, 4), "labeled": torch.randn(40, 1, 4, 4)}
+
+    def train_dataloader(self) -> dict[str, DataLoader]:
+        return {name: DataLoader(TensorDataset(images, torch.zeros(len(images), dtype=torch.long)), batch_size=4,
+                                 shuffle=True) for name, images in self.images.items()}  # fmt: skip
+
+
+def test_combined_loaders_go_on_with_the_longers_epoch_and_the_shorters_pass_on_another_number_of_processes(
+    monkeypatch, caplog, tmp_path
+):
+    """As if preempted after 6 steps of 2 processes (12 batches of the 96, 5 of the 40 each: the 40's second pass
+    begun), resumed on 1 process and preempted again after 10 steps, then resumed again."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    data, first, second = UnlabeledAndLabeled(), tmp_path / "first.ckpt", tmp_path / "second.ckpt"
+    order = {name: images[torch.randperm(len(images), generator=torch.Generator().manual_seed(7))]
+             for name, images in data.images.items()}  # fmt: skip
+    fit(data, None, save_at=3, checkpoint=first, loader="labeled")
+    checkpoint = load(first)
+    assert places(checkpoint) == [{"epoch": 0, "samples": 12, "passes": 0, "processes": 1}] * 2
+    places(checkpoint)[0].update(samples=6 * 4 * 2, processes=2)
+    places(checkpoint)[1].update(samples=(6 - 5) * 4 * 2, passes=1, processes=2)
+    torch.save(checkpoint, first)
+
+    with caplog.at_level(logging.INFO):
+        trainer, labeled = fit(data, first, save_at=3 + 10, checkpoint=second, loader="labeled")
+    assert "resharded: the interrupted epoch goes on over 1 process instead of 2 (48 samples left, each once)" in (
+        caplog.text
+    )
+    assert trainer.global_step == 3 + 48 // 4, "the rest of the 96 images' epoch"
+    assert torch.equal(labeled, torch.cat([order["labeled"][8:], order["labeled"][:16]])), "its pass, then another"
+    assert places(load(second)) == [{"epoch": 0, "samples": 48 + 10 * 4, "passes": 0, "processes": 1},
+                                    {"epoch": 0, "samples": 2 * 4, "passes": 2, "processes": 1}]  # fmt: skip
+
+    trainer, unlabeled = fit(data, second, save_at=-1, checkpoint=second, loader="unlabeled")
+    assert torch.equal(unlabeled, order["unlabeled"][88:])
+    assert trainer.global_step == 3 + 10 + 2
 
 
 def test_a_checkpoint_that_counted_one_process_batches_resumes_as_written_on_as_many(monkeypatch, tmp_path):
@@ -247,3 +303,39 @@ def test_a_restart_on_other_processes_trains_on_the_rest_of_the_epoch_once(
     assert trained == Counter(training_sample_ids(data, tiny_chunks)), "each sample of the epoch once"
     steps_left = math.ceil(left / after / batch_size)
     assert load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == stopped_at + steps_left
+
+
+@pytest.mark.slow
+def test_a_restart_on_another_number_of_processes_goes_on_with_combined_loaders(tmp_path):
+    """The semi-supervised pair (320 rows and 80 labeled ones, in batches of 6: 27 steps of 2 processes, the labeled
+    loader's pass 7 of them) stopped mid-epoch on 2 processes, then on 1: the rest of the 320 rows' epoch."""
+    run_dir = tmp_path / "run"
+
+    def args(devices: int, *extra: str) -> list[str]:
+        return ["fit", "--config", "configs/experiment.yaml", "--model", "tasks.regression.SemiSupervisedRegressor",
+                "--data", "tasks.regression.LabeledAndUnlabeled", "--data.batch_size", "6",
+                "--best_checkpoint.monitor", "val_loss", *quick_trainer_args(run_dir), *whole_epochs(1),
+                "--trainer.devices", str(devices), *extra]  # fmt: skip
+
+    marker, log = tmp_path / "step-8", tmp_path / "interrupted.log"
+    job = start(args(2, *paced(marker, at_step=8)), clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=60) == 143, log.read_text()[-4000:]
+    preempted = load(run_dir / "checkpoints" / "preempted.ckpt")
+    stopped_at = preempted["global_step"]
+    assert 8 <= stopped_at < 27 and stopped_at % 7, "the interruption must land mid-epoch, inside a labeled pass"
+    assert places(preempted) == [
+        {"epoch": 0, "samples": stopped_at % 7 * 12, "passes": stopped_at // 7, "processes": 2},
+        {"epoch": 0, "samples": stopped_at * 12, "passes": 0, "processes": 2},
+    ]
+
+    resumed = run_train(*args(1))
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output[-4000:]
+    left = 320 - stopped_at * 12
+    assert f"resharded: the interrupted epoch goes on over 1 process instead of 2 ({left} samples left, each once)" in (
+        output
+    ), output[-4000:]
+    assert "exact resume" not in output
+    assert load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == stopped_at + math.ceil(left / 6)

@@ -217,7 +217,7 @@ def test_a_cycled_loaders_workers_draw_anew_each_pass_and_the_same_after_a_resum
 
     def shorter_loader() -> ResumableDataLoader:  # one of several that Lightning combines, cycling the shorter
         sampler = ResumableSampler(dataset, num_replicas=1, rank=0, seed=3)
-        return ResumableDataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2, combined=True)
+        return ResumableDataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2, combined="max_size_cycle")
 
     cycled = shorter_loader()
     first, second = torch.cat(list(cycled)), list(cycled)
@@ -303,17 +303,6 @@ def test_loaders_combined_up_to_the_shortest_are_each_rebuilt_and_keep_their_pla
     fit(TrainLoaders(loaders), 1.0, TrainsOnEach(), places)
     assert all(isinstance(loader, ResumableDataLoader) for loader in loaders.flattened)
     assert places.places == [{"labeled": k * 4, "unlabeled": k * 4} for k in range(4)], "an epoch is the shorter's"
-
-
-def test_combined_loaders_resumed_on_another_number_of_processes_start_the_epoch_over_in_one_line():
-    labeled = fit(TrainLoaders(labeled_and_unlabeled()), model=TrainsOnEach()).loader["labeled"]
-    with pytest.warns(UserWarning) as said:
-        labeled.load_state_dict({"epoch": 0, "samples": 8, "processes": 2})  # a checkpoint of 2 processes
-    assert labeled.sampler.resumed == (0, 0)
-    assert [str(warning.message) for warning in said] == [
-        "exact resume: the training loaders, which Lightning combines, were on 2 processes and are on 1, so a resume"
-        ' mid-epoch starts the epoch over (docs/data.md, "Which training loaders resume mid-epoch")'
-    ]
 
 
 def test_loaders_combined_where_one_that_ran_out_gives_none_are_left_as_they_are_in_one_line():

@@ -23,9 +23,10 @@ A `DistributedSampler` of the data module's own (code written for plain PyTorch'
 shares, and resumes as the kit's own sampler does.
 A batch sampler of the data module's own is kept, and read through `OwnBatches` (own_batches.py).
 Several training loaders that Lightning combines are each rebuilt so, each keeping its place in its own pass
-(Lightning starts a shorter one's pass again within the epoch). Loaders over an IterableDataset (litdata's
-streaming loader among them) keep their own state, and loaders with another sampler of their own are left as
-they are.
+(Lightning starts a shorter one's pass again within the epoch); on another number of processes the epoch goes on
+with the rest of the loader that sets its length, and each other loader with the rest of its pass. Loaders over
+an IterableDataset (litdata's streaming loader among them) keep their own state, and loaders with another sampler
+of their own are left as they are.
 """
 
 import functools
@@ -148,9 +149,10 @@ class ResumableSampler(DistributedSampler):
         epoch and the pass, so that every pass of every epoch draws anew."""
         return seed_of(self.seed, self.epoch, self.passes_finished())
 
-    def batches_left(self, batch_size: int, drop_last: bool) -> int:
-        """How many batches this process takes from the rest of the epoch."""
-        samples = math.ceil((self.size - self.trained_before()) / self.num_replicas)
+    def batches_left(self, batch_size: int, drop_last: bool, trained: int | None = None) -> int:
+        """How many batches this process takes from the rest of the epoch (of its order after `trained` samples)."""
+        trained = self.trained_before() if trained is None else trained
+        samples = math.ceil((self.size - trained) / self.num_replicas)
         return samples // batch_size if drop_last else math.ceil(samples / batch_size)
 
 
@@ -226,13 +228,15 @@ class ResumableDataLoader(DataLoader):
     """
 
     def __init__(
-        self, *args: Any, trainer: Trainer | None = None, combined: bool = False, seed: int = 0, **kwargs: Any
+        self, *args: Any, trainer: Trainer | None = None, combined: str | None = None, seed: int = 0, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         self.trainer = trainer
-        # One of several loaders Lightning combines, each giving a batch at every step: a shorter one starts a new
-        # pass of the same order when it runs out, so its place is in its current pass.
+        # One of several loaders Lightning combines in this mode ("max_size_cycle" or "min_size"), each giving a
+        # batch at every step: a shorter one starts a new pass of the same order when it runs out, so its place is
+        # in its current pass.
         self.combined = combined
+        self.went_on = (0, 0, 0, 0)  # the epoch, the Trainer's count, the samples and passes this run went on at
         if self.generator is None:
             self.generator = torch.Generator()
         self.own_batches: OwnBatches | None = None
@@ -275,12 +279,7 @@ class ResumableDataLoader(DataLoader):
         if self.own_batches is not None:  # each process's batches, which it goes on with on as many processes
             return {"epoch": epoch, "own_batches": trained, "processes": processes}
         if self.combined:  # a batch at each of the epoch's steps, a new pass after every len(self)
-            return {
-                "epoch": epoch,
-                "samples": trained % len(self) * self.batch_size * processes,
-                "passes": trained // len(self),
-                "processes": processes,
-            }
+            return {"epoch": epoch, **self.place_in_pass(epoch, trained), "processes": processes}
         # Every process has trained on as many batches, all whole ones, since this run went on with the epoch.
         samples = (trained - self.first_batch()) * self.batch_size * processes
         if isinstance(self.sampler, ResumableSampler):
@@ -298,13 +297,16 @@ class ResumableDataLoader(DataLoader):
         samples = state.get("samples", state.get("batches", 0) * self.batch_size * self.processes())
         passes = state.get("passes", 0)  # of a combined loader's order, finished in the epoch
         before, now = state.get("processes", self.processes()), self.processes()
-        if self.combined and samples and before != now:  # its place in a pass is in another number of batches now
-            warn_not_resumable(f"loaders, which Lightning combines, were on {before} processes and are on {now}")
-            samples = passes = 0
         self.sampler.set_epoch(state["epoch"])
         self.sampler.resumed = (state["epoch"], samples)
         self.sampler.passes = (state["epoch"], passes)
-        if samples and not self.combined:  # mid-epoch
+        if self.combined:
+            counted = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed if self.trainer else 0
+            self.went_on = (state["epoch"], counted, samples, passes)
+            if before != now and self is combined_with(self)[-1]:  # the last of them to get its state
+                go_on_resharded(combined_with(self), before, now)
+            return
+        if samples:  # mid-epoch
             count_batches_from(self.trainer, self.first_batch())
             if before != now:
                 left = self.sampler.size - samples
@@ -317,6 +319,20 @@ class ResumableDataLoader(DataLoader):
             warn_not_resumable(f"loader's batch sampler ({name}) made batches on {before} processes and is on {now}")
             batches = 0
         self.own_batches.resumed = (state["epoch"], batches)
+
+    def place_in_pass(self, epoch: int, trained: int) -> dict[str, int]:
+        """A combined loader's place once the Trainer counted `trained` batches of the epoch: in which pass of its
+        order, and how many samples into it (it went on with a pass where this run began, then started new ones)."""
+        _, count, samples, passes = self.went_on if self.went_on[0] == epoch else (epoch, 0, 0, 0)
+        batches = trained - count  # since this run went on with the epoch
+        first_pass = len(self)  # the sequential sampler of `overfit_batches` resumes nothing
+        if isinstance(self.sampler, ResumableSampler):
+            first_pass = self.sampler.batches_left(self.batch_size, self.drop_last, trained=samples)
+        if batches < first_pass:
+            return {"samples": samples + batches * self.batch_size * self.processes(), "passes": passes}
+        batches -= first_pass
+        return {"samples": batches % len(self) * self.batch_size * self.processes(),
+                "passes": passes + 1 + batches // len(self)}  # fmt: skip
 
     def drawn_by(self) -> Any:
         """What draws the epoch's order and keeps its epoch: the batch sampler's batches, or the sampler."""
@@ -391,18 +407,48 @@ def resumable_training(loaders: Any, trainer: Trainer) -> Any:
         warn_not_resumable(f'loaders are combined in mode "{combined._mode}", where a loader that ran out gives None')
         combined.flattened = leaves
     else:
-        combined.flattened = [resumable(leaf, trainer, combined=True) for leaf in leaves]
+        combined.flattened = [resumable(leaf, trainer, combined=combined._mode) for leaf in leaves]
     return loaders if combined is loaders else combined.iterables
 
 
-def resumable(loader: Any, trainer: Trainer, combined: bool = False) -> Any:
+def combined_with(loader: ResumableDataLoader) -> list[Any]:
+    """The training loaders that Lightning combines with `loader` (and `loader` itself), in Lightning's order."""
+    return CombinedLoader(loader.trainer.train_dataloader).flattened
+
+
+def go_on_resharded(loaders: list[Any], before: int, now: int) -> None:
+    """Combined loaders that got their places of a job on `before` processes go on with the epoch on `now`.
+
+    Each goes on with the rest of its pass, shared out over the processes now. The epoch's length on the processes
+    now is the longest loader's ("max_size_cycle", the others cycled) or the shortest's ("min_size"): the Trainer
+    counts its batches from where the rest of that loader's pass leaves it.
+    """
+    if not all(isinstance(getattr(loader, "sampler", None), ResumableSampler) for loader in loaders):
+        return  # the others start their epoch over, and said so
+    if not any(loader.sampler.trained_before() or loader.sampler.passes_finished() for loader in loaders):
+        return  # at the epoch's start
+    longest = loaders[0].combined == "max_size_cycle"
+    length = (max if longest else min)(len(loader) for loader in loaders)
+    sets_length = [loader for loader in loaders if len(loader) == length]
+    left = {loader: loader.sampler.batches_left(loader.batch_size, loader.drop_last) for loader in sets_length}
+    last = (max if longest else min)(sets_length, key=left.get)
+    count_batches_from(last.trainer, length - left[last])
+    samples_left = last.sampler.size - last.sampler.trained_before()
+    say_resharded(before, now, samples_left, again=-samples_left % now)
+    processed = last.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+    for loader in loaders:
+        epoch, _, samples, passes = loader.went_on
+        loader.went_on = (epoch, processed, samples, passes)
+
+
+def resumable(loader: Any, trainer: Trainer, combined: str | None = None) -> Any:
     """`loader` rebuilt as a ResumableDataLoader with every argument it was given, when it is a plain DataLoader over
     a map-style dataset (an IterableDataset's loader has no order to resume).
 
     One that batches with `batch_size` (or a BatchSampler spelled out) in a sequential, shuffled, randomly drawn,
     weighted, subset's shuffled or distributed order gets a ResumableSampler; one with a batch sampler of its own
     keeps it (`with_own_batches`).
-    `combined`: it is one of several that Lightning combines (`resumable_training`).
+    `combined`: it is one of several that Lightning combines, in this mode (`resumable_training`).
     """
     if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
         return loader  # it resumes itself, and Lightning saves its state (torchdata's, litdata's)
