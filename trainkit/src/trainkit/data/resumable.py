@@ -424,7 +424,7 @@ def go_on_resharded(loaders: list[Any], before: int, now: int) -> None:
     counts its batches from where the rest of that loader's pass leaves it.
     """
     if not all(isinstance(getattr(loader, "sampler", None), ResumableSampler) for loader in loaders):
-        return  # the others start their epoch over, and said so
+        return  # one keeps no place of its own (and said so): the Trainer counts the epoch's batches as before
     if not any(loader.sampler.trained_before() or loader.sampler.passes_finished() for loader in loaders):
         return  # at the epoch's start
     longest = loaders[0].combined == "max_size_cycle"
