@@ -149,6 +149,11 @@ class ResumableSampler(DistributedSampler):
         epoch and the pass, so that every pass of every epoch draws anew."""
         return seed_of(self.seed, self.epoch, self.passes_finished())
 
+    def say_resharded(self, before: int) -> None:
+        """One line: the rest of the epoch goes on over this sampler's processes instead of `before`."""
+        left, now = self.size - self.trained_before(), self.num_replicas
+        say_resharded(before, now, left, again=-left % now)  # repeated to give every process as many
+
     def batches_left(self, batch_size: int, drop_last: bool, trained: int | None = None) -> int:
         """How many batches this process takes from the rest of the epoch (of its order after `trained` samples)."""
         trained = self.trained_before() if trained is None else trained
@@ -304,13 +309,12 @@ class ResumableDataLoader(DataLoader):
             counted = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed if self.trainer else 0
             self.went_on = (state["epoch"], counted, samples, passes)
             if before != now and self is combined_with(self)[-1]:  # the last of them to get its state
-                go_on_resharded(combined_with(self), before, now)
+                go_on_resharded(combined_with(self), before)
             return
         if samples:  # mid-epoch
             count_batches_from(self.trainer, self.first_batch())
             if before != now:
-                left = self.sampler.size - samples
-                say_resharded(before, now, left, again=-left % now)  # repeated to give every process as many
+                self.sampler.say_resharded(before)
 
     def load_own_batches(self, state: dict[str, int]) -> None:
         batches, before, now = state.get("own_batches", 0), state.get("processes", self.processes()), self.processes()
@@ -416,8 +420,8 @@ def combined_with(loader: ResumableDataLoader) -> list[Any]:
     return CombinedLoader(loader.trainer.train_dataloader).flattened
 
 
-def go_on_resharded(loaders: list[Any], before: int, now: int) -> None:
-    """Combined loaders that got their places of a job on `before` processes go on with the epoch on `now`.
+def go_on_resharded(loaders: list[Any], before: int) -> None:
+    """Combined loaders that got their places of a job on `before` processes go on with the epoch on those now.
 
     Each goes on with the rest of its pass, shared out over the processes now. The epoch's length on the processes
     now is the longest loader's ("max_size_cycle", the others cycled) or the shortest's ("min_size"): the Trainer
@@ -433,8 +437,7 @@ def go_on_resharded(loaders: list[Any], before: int, now: int) -> None:
     left = {loader: loader.sampler.batches_left(loader.batch_size, loader.drop_last) for loader in sets_length}
     last = (max if longest else min)(sets_length, key=left.get)
     count_batches_from(last.trainer, length - left[last])
-    samples_left = last.sampler.size - last.sampler.trained_before()
-    say_resharded(before, now, samples_left, again=-samples_left % now)
+    last.sampler.say_resharded(before)
     processed = last.trainer.fit_loop.epoch_loop.batch_progress.current.processed
     for loader in loaders:
         epoch, _, samples, passes = loader.went_on
