@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities.data import _is_dataloader_shuffled
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler
 
 from trainkit.data.resumable import ResumableDataLoader, ResumableSampler
 
@@ -67,7 +66,9 @@ def test_a_loader_with_a_batch_sampler_of_its_own_keeps_it_and_resumes_mid_epoch
     kept = fit(MakesLoader(by_length(dataset)), batches=1.0)
     loader = kept.loader
     assert isinstance(loader, ResumableDataLoader) and isinstance(loader.batch_sampler, ByLength)
-    assert _is_dataloader_shuffled(loader), "Lightning gives each process a shuffled share, as without the kit"
+    share = loader.batch_sampler.sampler
+    assert type(share) is DistributedSampler and share.shuffle, "one shuffled share, as Lightning gives each process"
+    assert (share.num_replicas, share.seed) == (1, 0)
     assert loader.batch_sampler.epochs_set == [0], "Lightning sets only the epoch of the batch sampler's sampler"
     trained = torch.cat([features for features, _ in kept.batches])
     assert torch.equal(trained, torch.cat([features for features, _ in epoch(loader, 0)])), "drawn by the seed"
@@ -99,17 +100,6 @@ def test_augmentation_in_loader_workers_draws_the_same_after_a_resume_mid_epoch(
     assert len(set(noise.tolist())) == len(noise), "every sample its own noise"
 
 
-def test_resumed_on_another_number_of_processes_it_starts_the_epoch_over_in_one_line():
-    loader = fit(MakesLoader(by_length(random_images(40))), batches=1).loader
-    with pytest.warns(UserWarning) as said:
-        loader.load_state_dict({"epoch": 0, "own_batches": 3, "processes": 2})
-    assert loader.own_batches.resumed == (0, 0)
-    assert [str(warning.message) for warning in said] == [
-        "exact resume: the training loader's batch sampler (ByLength) made batches on 2 processes and is on 1, so a"
-        ' resume mid-epoch starts the epoch over (docs/data.md, "Which training loaders resume mid-epoch")'
-    ]
-
-
 class Shuffled:
     """A batch sampler written from scratch, with no `sampler`: one process's, or one that shares itself out (with
     `use_distributed_sampler: false`)."""
@@ -119,6 +109,17 @@ class Shuffled:
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(batch.tolist() for batch in torch.randperm(40).split(4))
+
+
+def test_one_with_no_sampler_resumed_on_another_number_of_processes_starts_the_epoch_over_in_one_line():
+    loader = fit(MakesLoader(lambda: DataLoader(random_images(40), batch_sampler=Shuffled())), batches=1).loader
+    with pytest.warns(UserWarning) as said:
+        loader.load_state_dict({"epoch": 0, "own_batches": 3, "processes": 2})
+    assert loader.own_batches.resumed == (0, 0)
+    assert [str(warning.message) for warning in said] == [
+        "exact resume: the training loader's batch sampler (Shuffled) made batches on 2 processes and is on 1, so a"
+        ' resume mid-epoch starts the epoch over (docs/data.md, "Which training loaders resume mid-epoch")'
+    ]
 
 
 def test_a_batch_sampler_with_no_sampler_resumes_mid_epoch_on_one_process():

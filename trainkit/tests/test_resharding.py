@@ -11,16 +11,20 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningDataModule, Trainer
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, TensorDataset
 
+from trainkit.data.generators import cpu_generators_seeded
 from trainkit.data.resumable import ResumableData, ResumableSampler, WeightedResumableSampler
 from trainkit.data.streaming import StreamingImageDataModule
+from trainkit.data.worker_seeds import seed_of
+from trainkit.testing.runs import signal_at
 from trainkit.testing.tiny import TinyClassifier, TinyDataModule
 from trainkit.testing.training_samples import recorded, sample_ids
 
 from .conftest import streaming_run_args
 from .drills import load, paced, start, wait_for, whole_epochs
 from .helpers import clean_env, quick_run_args, quick_trainer_args, run_train
+from .test_own_batches import ByLength
 from .test_resumable import TrainsOnEach
 
 TRAIN_SIZE = 576  # the tiny data's training images
@@ -177,6 +181,52 @@ def test_a_resharded_epoch_keeps_the_jobs_place_and_ends_after_its_last_sample(m
     trainer, trained = fit(data, second, save_at=-1, checkpoint=second)
     assert torch.equal(trained, order[32:])
     assert trainer.global_step == 5 + (96 - 32) // 4
+
+
+class ImagesByLength(Images):
+    """The 96 images batched by a batch sampler of the data module's own (pools of 4 batches sorted by a length)."""
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = TensorDataset(self.images, torch.zeros(len(self.images), dtype=torch.long))
+        return DataLoader(dataset, batch_sampler=ByLength(RandomSampler(dataset), 4, False, LENGTHS))
+
+
+LENGTHS = [index % 7 for index in range(96)]
+
+
+def trained_by_two_processes(images: torch.Tensor, batches: int) -> list[str]:
+    """The images 2 processes trained on in their first `batches` batches of epoch 0, each over its share."""
+    trained = []
+    for rank in range(2):
+        share = DistributedSampler(range(len(images)), num_replicas=2, rank=rank, shuffle=True, seed=7)
+        with cpu_generators_seeded(seed_of(7, 0)):  # as each process draws its epoch's batches
+            drawn = list(ByLength(share, 4, False, LENGTHS))
+        trained += sample_ids(images[[index for batch in drawn[:batches] for index in batch]])
+    return trained
+
+
+def test_a_batch_sampler_of_its_own_goes_on_with_the_rest_of_every_old_processs_batches(monkeypatch, caplog, tmp_path):
+    """As if preempted after 3 batches on each of 2 processes, resumed on 1 and preempted again after 5 batches."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    data, first, second = ImagesByLength(96), tmp_path / "first.ckpt", tmp_path / "second.ckpt"
+    fit(data, None, save_at=3, checkpoint=first)
+    checkpoint = load(first)
+    assert place(checkpoint) == {"epoch": 0, "own_batches": 3, "processes": 1}
+    place(checkpoint).update(processes=2)
+    torch.save(checkpoint, first)
+
+    with caplog.at_level(logging.INFO):
+        trainer, trained = fit(data, first, save_at=3 + 5, checkpoint=second)
+    assert "resharded: the interrupted epoch goes on over 1 process instead of 2 (72 samples left, each once)" in (
+        caplog.text
+    )
+    assert trainer.global_step == 3 + 72 // 4
+    assert Counter(trained_by_two_processes(data.images, 3) + sample_ids(trained)) == Counter(sample_ids(data.images))
+    assert place(load(second)) == {"epoch": 0, "own_batches": 5, "processes": 1, "went_on": [[2, 3]]}
+
+    trainer, after_second_stop = fit(data, second, save_at=-1, checkpoint=second)
+    assert torch.equal(after_second_stop, trained[5 * 4 :]), "on as many processes, the next batch"
+    assert trainer.global_step == 3 + 72 // 4
 
 
 class UnlabeledAndLabeled(LightningDataModule):
@@ -339,3 +389,36 @@ def test_a_restart_on_another_number_of_processes_goes_on_with_combined_loaders(
     ), output[-4000:]
     assert "exact resume" not in output
     assert load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == stopped_at + math.ceil(left / 6)
+
+
+@pytest.mark.slow
+def test_a_restart_on_other_processes_goes_on_with_a_batch_sampler_of_the_data_modules_own(experiment, tmp_path):
+    """The tiny images batched by brightness (a batch sampler of the data module's own, in batches of 16): stopped
+    after 3 steps on 2 processes, after 5 more on 1, then to the epoch's end on 2 with 2 loader workers each."""
+    run_dir = tmp_path / "run"
+
+    def args(devices: int, workers: int, *extra: str) -> list[str]:
+        return ["fit", *quick_run_args(experiment, run_dir), "--data", "tasks.bucketed.TinyByBrightness",
+                "--data.batch_size", "16", "--data.num_workers", str(workers), *whole_epochs(1),
+                "--trainer.devices", str(devices),
+                "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples",
+                "--trainer.callbacks.out_dir", str(run_dir / "samples"), *extra]  # fmt: skip
+
+    def run(devices: int, workers: int, *extra: str) -> str:
+        done = run_train(*args(devices, workers, *extra))
+        output = done.stdout + done.stderr
+        assert done.returncode == (143 if extra else 0), output[-4000:]
+        assert "exact resume" not in output
+        return output
+
+    run(2, 0, *paced(tmp_path / "marker", at_step=3), *signal_at(3))  # 2 processes stop at their next agreement
+    stopped_at = load(run_dir / "checkpoints" / "preempted.ckpt")["global_step"]
+    assert 3 <= stopped_at < 15, "the stop must land mid-epoch, 5 batches before the end of its rest on 1 process"
+    left = TRAIN_SIZE - stopped_at * 2 * 16
+    output = run(1, 0, *signal_at(stopped_at + 5))
+    assert f"over 1 process instead of 2 ({left} samples left, each once)" in output, output[-4000:]
+    output = run(2, 2)
+    assert f"over 2 processes instead of 1 ({left - 5 * 16} samples left, each once)" in output, output[-4000:]
+
+    trained = Counter(sample for rank in range(2) for sample in recorded(run_dir / "samples", rank)[0])
+    assert trained == Counter(training_sample_ids("in memory", tmp_path)), "each sample of the epoch once"

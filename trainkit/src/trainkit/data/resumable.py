@@ -21,7 +21,8 @@ A `RandomSampler` of a set number of draws (or with replacement), a `WeightedRan
 seed and the epoch; a `BatchSampler` spelled out, as `batch_size` and `drop_last`.
 A `DistributedSampler` of the data module's own (code written for plain PyTorch's DDP) keeps its seed, order and
 shares, and resumes as the kit's own sampler does.
-A batch sampler of the data module's own is kept, and read through `OwnBatches` (own_batches.py).
+A batch sampler of the data module's own is kept, and read through `OwnBatches` (own_batches.py), which also goes
+on with the epoch on another number of processes.
 Several training loaders that Lightning combines are each rebuilt so, each keeping its place in its own pass
 (Lightning starts a shorter one's pass again within the epoch); on another number of processes the epoch goes on
 with the rest of the loader that sets its length, and each other loader with the rest of its pass. Loaders over
@@ -40,7 +41,10 @@ import torch
 from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
+from lightning.pytorch.utilities.data import (
+    _dataloader_init_kwargs_resolve_sampler,
+    _get_dataloader_init_args_and_kwargs,
+)
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.utils.data import (
@@ -233,7 +237,13 @@ class ResumableDataLoader(DataLoader):
     """
 
     def __init__(
-        self, *args: Any, trainer: Trainer | None = None, combined: str | None = None, seed: int = 0, **kwargs: Any
+        self,
+        *args: Any,
+        trainer: Trainer | None = None,
+        combined: str | None = None,
+        seed: int = 0,
+        remake_batches: Callable[[Sampler], Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.trainer = trainer
@@ -247,7 +257,7 @@ class ResumableDataLoader(DataLoader):
         self.own_batches: OwnBatches | None = None
         if has_own_batches(self):
             rank, processes = (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
-            self.own_batches = OwnBatches(self.batch_sampler, seed, rank, processes)
+            self.own_batches = OwnBatches(self.batch_sampler, seed, rank, processes, remake=remake_batches)
         draws_order = self.own_batches is not None or isinstance(self.sampler, ResumableSampler)
         if self.num_workers > 0 and draws_order:  # each batch's first index carries the seed its worker draws from
             if self.own_batches is not None:
@@ -281,8 +291,10 @@ class ResumableDataLoader(DataLoader):
         epoch = getattr(self.drawn_by(), "epoch", 0)
         if trained is None:  # after an epoch's last batch, the next run starts the next epoch
             return {"epoch": epoch + 1, "samples": 0, "processes": processes}
-        if self.own_batches is not None:  # each process's batches, which it goes on with on as many processes
-            return {"epoch": epoch, "own_batches": trained, "processes": processes}
+        if self.own_batches is not None:  # each process's batches, and the arrangements the epoch went on from
+            own, earlier = self.own_batches, self.own_batches.earlier()
+            state = {"epoch": epoch, "own_batches": trained - own.first_batch(), "processes": processes}
+            return {**state, "went_on": [list(arrangement) for arrangement in earlier]} if earlier else state
         if self.combined:  # a batch at each of the epoch's steps, a new pass after every len(self)
             return {"epoch": epoch, **self.place_in_pass(epoch, trained), "processes": processes}
         # Every process has trained on as many batches, all whole ones, since this run went on with the epoch.
@@ -316,13 +328,23 @@ class ResumableDataLoader(DataLoader):
             if before != now:
                 self.sampler.say_resharded(before)
 
-    def load_own_batches(self, state: dict[str, int]) -> None:
+    def load_own_batches(self, state: dict[str, Any]) -> None:
+        own, epoch = self.own_batches, state["epoch"]
         batches, before, now = state.get("own_batches", 0), state.get("processes", self.processes()), self.processes()
-        if batches and before != now:  # each process's batches come from its share, another one now
+        earlier = tuple((processes, trained) for processes, trained in state.get("went_on", []))
+        resharded = before != now and bool(batches or earlier)
+        if resharded and not own.reshardable():  # each process's batches come from its share, another one now
             name = type(self.batch_sampler).__name__
             warn_not_resumable(f"loader's batch sampler ({name}) made batches on {before} processes and is on {now}")
-            batches = 0
-        self.own_batches.resumed = (state["epoch"], batches)
+            batches, earlier, resharded = 0, (), False
+        elif resharded:  # the rest of the batches each process had, shared out anew
+            batches, earlier = 0, (*earlier, (before, batches))
+        own.epoch, own.resumed, own.went_on = epoch, (epoch, batches), (epoch, earlier)
+        if resharded:
+            count_batches_from(self.trainer, own.first_batch())
+            rest, _ = own.rest(earlier)
+            left_out = own.samples_left_out() if own.rank == 0 else 0  # only process 0 says it
+            say_resharded(before, now, len(rest), again=-len(rest) % now, left_out=left_out)
 
     def place_in_pass(self, epoch: int, trained: int) -> dict[str, int]:
         """A combined loader's place once the Trainer counted `trained` batches of the epoch: in which pass of its
@@ -466,8 +488,8 @@ def resumable(loader: Any, trainer: Trainer, combined: str | None = None) -> Any
         return with_own_batches(loader, trainer, seed)
     # Each process its own share, as Lightning's DistributedSampler would give it; with
     # `use_distributed_sampler: false` the data module shares out the data itself.
-    sharing = trainer._accelerator_connector.use_distributed_sampler and trainer.distributed_sampler_kwargs
-    num_replicas, rank = (sharing["num_replicas"], sharing["rank"]) if sharing else (1, 0)
+    shares = sharing(trainer)
+    num_replicas, rank = (shares["num_replicas"], shares["rank"]) if shares else (1, 0)
     batches = loader.batch_sampler
     drawn = batches.sampler  # a BatchSampler's: made by the DataLoader from `batch_size`, or spelled out
     shuffle = shuffles(drawn, loader.dataset)
@@ -502,9 +524,32 @@ def with_own_batches(loader: DataLoader, trainer: Trainer, seed: int) -> DataLoa
                            " `train_dataloader`, where Lightning records its arguments")  # fmt: skip
         return loader
     args, kwargs = loader.__pl_saved_args, loader.__pl_saved_kwargs
+    remake: Callable[[Sampler], Any] | None = functools.partial(batch_sampler_over, loader)
+    shuffle = shuffles(getattr(loader.batch_sampler, "sampler", None), loader.dataset)
+    if shuffle is not None and trainer._accelerator_connector.use_distributed_sampler and not sharing(trainer):
+        # One process batches the one share of the epoch's order, as each of several batches its own (Lightning's
+        # DistributedSampler): the batches of any number of processes can then be drawn again to go on from.
+        one_share = DistributedSampler(loader.dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=seed)
+        try:
+            args, kwargs = _get_dataloader_init_args_and_kwargs(loader, one_share)
+        except TypeError:  # it takes no `sampler` to be made again with
+            remake = None
     return _reinstantiate_wrapped_cls(
-        loader, *args, explicit_cls=ResumableDataLoader, trainer=trainer, seed=seed, **kwargs
+        loader, *args, explicit_cls=ResumableDataLoader, trainer=trainer, seed=seed, remake_batches=remake, **kwargs
     )
+
+
+def batch_sampler_over(loader: DataLoader, sampler: Sampler) -> Any:
+    """The batch sampler of `loader` made again over `sampler`, as Lightning makes it over each process's share."""
+    return _dataloader_init_kwargs_resolve_sampler(loader, sampler)["batch_sampler"]
+
+
+def sharing(trainer: Trainer) -> dict[str, int] | None:
+    """How Lightning shares the training data out over the processes (`num_replicas`, `rank`); None where it does
+    not: on one process, or with `use_distributed_sampler: false` (the data module shares it out itself)."""
+    if not trainer._accelerator_connector.use_distributed_sampler:
+        return None
+    return trainer.distributed_sampler_kwargs or None
 
 
 def with_own_generator(loader: DataLoader) -> DataLoader:
