@@ -10,7 +10,8 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler
 
-from trainkit.data.resumable import ResumableDataLoader, ResumableSampler
+from trainkit.data.resumable import ResumableDataLoader
+from trainkit.data.samplers import ResumableSampler
 
 from .test_resumable import Jittered, TrainLoaders, fit, random_images
 

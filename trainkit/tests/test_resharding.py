@@ -14,7 +14,8 @@ from lightning.pytorch import Callback, LightningDataModule, Trainer
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, TensorDataset
 
 from trainkit.data.generators import cpu_generators_seeded
-from trainkit.data.resumable import ResumableData, ResumableSampler, WeightedResumableSampler
+from trainkit.data.resumable import ResumableData
+from trainkit.data.samplers import ResumableSampler, WeightedResumableSampler
 from trainkit.data.streaming import StreamingImageDataModule
 from trainkit.data.worker_seeds import seed_of
 from trainkit.testing.runs import signal_at

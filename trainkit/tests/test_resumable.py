@@ -22,13 +22,8 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from trainkit.data.resumable import (
-    DistributedResumableSampler,
-    RandomResumableSampler,
-    ResumableData,
-    ResumableDataLoader,
-    ResumableSampler,
-)
+from trainkit.data.resumable import ResumableData, ResumableDataLoader
+from trainkit.data.samplers import DistributedResumableSampler, RandomResumableSampler, ResumableSampler
 from trainkit.testing.tiny import TinyClassifier
 from trainkit.testing.training_samples import recorded
 

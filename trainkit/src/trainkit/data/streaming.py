@@ -34,7 +34,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from trainkit.data.resumable import batches_trained, count_batches_from, say_resharded
+from trainkit.data.resumable import batches_trained, count_batches_from
+from trainkit.data.samplers import say_resharded
 from trainkit.run.errors import ConfigError
 
 # litdata gives every loader worker its own share of the samples, so the length it reports is exact.
