@@ -71,7 +71,7 @@ class OwnBatches:
         for number in range(trained if epoch == self.epoch else 0, len(batches)):
             batch = batches[number]
             if self.seeded and isinstance(batch[0], int | np.integer):
-                seed = seed_of(self.seed, self.epoch, number, self.rank, *[level] * (level > 0))
+                seed = seed_of(self.seed, self.epoch, number, self.rank, *arrangement(level))
                 batch = [Drawn(int(batch[0]), seed), *batch[1:]]
             yield batch
 
@@ -106,14 +106,14 @@ class OwnBatches:
         rest: list[int] | None = None
         trained: list[int] = []
         for level, (processes, batches_trained) in enumerate(earlier):
-            drawn = [self.drawn(self.remake(self.shares(rest, trained, rank, processes)), level)
+            drawn = [self.drawn(self.remake(self.share_sampler(rest, trained, rank, processes)), level)
                      for rank in range(processes)]  # fmt: skip
             trained += [index for batches in drawn for batch in batches[:batches_trained] for index in batch]
             rest = [index for batches in drawn for batch in batches[batches_trained:] for index in batch]
         assert rest is not None
         return rest, trained
 
-    def shares(self, rest: list[int] | None, trained: list[int], rank: int, processes: int) -> Sampler:
+    def share_sampler(self, rest: list[int] | None, trained: list[int], rank: int, processes: int) -> Sampler:
         """The sampler of process `rank`'s share on `processes` processes: of the epoch, or of `rest`."""
         if rest is not None:
             return Listed(share(rest, trained, rank, processes))
@@ -126,7 +126,7 @@ class OwnBatches:
     def drawn(self, batch_sampler: Any, level: int = 0) -> list:
         """All the batches of `batch_sampler` in this epoch, drawn the same on every process and in every run."""
         set_own_epoch(batch_sampler, self.epoch)  # Lightning sets only the epoch of the batch sampler's `sampler`
-        with cpu_generators_seeded(seed_of(self.seed, self.epoch, *[level] * (level > 0))):
+        with cpu_generators_seeded(seed_of(self.seed, self.epoch, *arrangement(level))):
             return list(batch_sampler)
 
     def samples_left_out(self) -> int:
@@ -144,6 +144,12 @@ def share(rest: list[int], trained: list[int], rank: int, processes: int) -> lis
     shares, with samples trained before repeated where the rest does not share out evenly."""
     padding = list(itertools.islice(itertools.cycle(trained or rest), -len(rest) % processes))
     return (rest + padding)[rank::processes]
+
+
+def arrangement(level: int) -> tuple[int, ...]:
+    """What a seed adds for the arrangement at `level` of an epoch's: nothing for the epoch's own (0), the seeds of
+    a run that never resharded."""
+    return (level,) if level else ()
 
 
 def set_own_epoch(batch_sampler: Any, epoch: int) -> None:
