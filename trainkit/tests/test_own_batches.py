@@ -152,3 +152,26 @@ def test_a_batch_sampler_spelled_out_resumes_as_batch_size_and_drop_last(monkeyp
     assert (loader.batch_size, loader.drop_last, len(kept.batches)) == (4, True, 10)
     order = torch.randperm(42, generator=torch.Generator().manual_seed(7))  # DistributedSampler's, for epoch 0
     assert torch.equal(torch.cat([features for features, _ in kept.batches]), dataset.tensors[0][order[:40]])
+
+
+class MadeInSetup(LightningDataModule):
+    """A batch sampler made in `setup`, outside `train_dataloader`: Lightning records no arguments to make it again
+    with, and its own `(sampler, batch_size, drop_last)` does not fit ByLength's `lengths`."""
+
+    def setup(self, stage: str) -> None:
+        self.dataset = random_images(40)
+        self.batches = ByLength(RandomSampler(self.dataset), 4, False, [1] * 40)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.dataset, batch_sampler=self.batches)
+
+
+def test_one_that_cannot_be_made_again_trains_as_it_is_and_starts_the_epoch_over_on_another_number_in_one_line():
+    kept = fit(MadeInSetup(), batches=1.0)
+    loader = kept.loader
+    assert loader.own_batches.remake is None and type(loader.batch_sampler.sampler) is RandomSampler
+    assert len(kept.batches) == 10
+    whole, resumed = epoch(loader, 1), epoch(loader, 1, trained_before=3)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(whole[3:], resumed, strict=True)), "on as many processes"
+    with pytest.warns(UserWarning, match=r"^exact resume: the training loader's batch sampler \(ByLength\) made"):
+        loader.load_state_dict({"epoch": 0, "own_batches": 3, "processes": 2})
