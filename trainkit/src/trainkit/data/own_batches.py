@@ -12,7 +12,6 @@ those it had not trained on yet, shares them out over the processes it has now a
 each new share: the rest of the epoch, each sample once, in batches the researcher's own code made.
 """
 
-import itertools
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
@@ -20,6 +19,7 @@ import numpy as np
 from torch.utils.data import DistributedSampler, Sampler
 
 from trainkit.data.generators import cpu_generators_seeded
+from trainkit.data.samplers import say_resharded, share
 from trainkit.data.worker_seeds import Drawn, seed_of
 
 # The arrangements of an epoch's batches that a job went on from, oldest first: on how many processes, and how many
@@ -129,21 +129,17 @@ class OwnBatches:
         with cpu_generators_seeded(seed_of(self.seed, self.epoch, *arrangement(level))):
             return list(batch_sampler)
 
-    def samples_left_out(self) -> int:
-        """How many samples of the new shares the batch sampler leaves out of its batches (`drop_last`), all
-        processes together."""
-        rest, trained = self.rest(self.earlier())
-        shares = [share(rest, trained, rank, self.processes) for rank in range(self.processes)]
-        level = len(self.earlier())
-        batched = [self.drawn(self.remake(Listed(indices)), level) for indices in shares]
-        return sum(len(indices) - sum(map(len, batches)) for indices, batches in zip(shares, batched, strict=True))
-
-
-def share(rest: list[int], trained: list[int], rank: int, processes: int) -> list[int]:
-    """Process `rank`'s share of `rest` on `processes` processes: every `processes`-th sample, as DistributedSampler
-    shares, with samples trained before repeated where the rest does not share out evenly."""
-    padding = list(itertools.islice(itertools.cycle(trained or rest), -len(rest) % processes))
-    return (rest + padding)[rank::processes]
+    def say_resharded(self, before: int) -> None:
+        """One line: the rest of the epoch goes on over this job's processes instead of `before` (said by process 0,
+        which counts the samples that the batch sampler leaves out of every new share's batches: `drop_last`)."""
+        if self.rank != 0:
+            return
+        earlier, now = self.earlier(), self.processes
+        rest, trained = self.rest(earlier)
+        shares = [share(rest, trained, rank, now) for rank in range(now)]
+        batched = [self.drawn(self.remake(Listed(indices)), len(earlier)) for indices in shares]
+        left_out = sum(len(indices) - sum(map(len, batches)) for indices, batches in zip(shares, batched, strict=True))
+        say_resharded(before, now, len(rest), again=-len(rest) % now, left_out=left_out)
 
 
 def arrangement(level: int) -> tuple[int, ...]:

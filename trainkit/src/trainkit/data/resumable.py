@@ -63,7 +63,6 @@ from trainkit.data.samplers import (
     ResumableSampler,
     SubsetResumableSampler,
     WeightedResumableSampler,
-    say_resharded,
 )
 from trainkit.data.worker_seeds import seeded_batches
 
@@ -203,9 +202,7 @@ class ResumableDataLoader(DataLoader):
         own.epoch, own.resumed, own.went_on = epoch, (epoch, batches), (epoch, earlier)
         if resharded:
             count_batches_from(self.trainer, own.first_batch())
-            rest, _ = own.rest(earlier)
-            left_out = own.samples_left_out() if own.rank == 0 else 0  # only process 0 says it
-            say_resharded(before, now, len(rest), again=-len(rest) % now, left_out=left_out)
+            own.say_resharded(before)
 
     def place_in_pass(self, epoch: int, trained: int) -> dict[str, int]:
         """A combined loader's place once the Trainer counted `trained` batches of the epoch: in which pass of its

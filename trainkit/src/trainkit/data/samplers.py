@@ -28,6 +28,14 @@ def say_resharded(before: int, now: int, left: int, again: int = 0, left_out: in
     )
 
 
+def share(rest: list[int], trained: list[int], rank: int, processes: int) -> list[int]:
+    """Process `rank`'s share of the `rest` of an epoch (after the samples `trained` on before) on `processes`
+    processes: every `processes`-th sample. As DistributedSampler does, the epoch's samples from its start (those
+    trained on before first) are repeated where the rest does not share out evenly, so every process takes as many."""
+    padding = itertools.islice(itertools.cycle(itertools.chain(trained, rest)), -len(rest) % processes)
+    return (rest + list(padding))[rank::processes]
+
+
 class ResumableSampler(DistributedSampler):
     """This process's share of the dataset, in an order set by the seed and the epoch alone.
 
@@ -72,10 +80,7 @@ class ResumableSampler(DistributedSampler):
     def __iter__(self) -> Iterator[int]:
         order = self.order()
         start = self.trained_before()
-        rest = order[start:]
-        # As DistributedSampler does: samples from the order's start again, so every process takes as many.
-        rest += itertools.islice(itertools.cycle(order), -len(rest) % self.num_replicas)
-        mine = rest[self.rank :: self.num_replicas]
+        mine = share(order[start:], order[:start], self.rank, self.num_replicas)
         if self.seeded_batch_size:  # a run resumes at the start of a batch, of each process's share as of the job's
             first = self.seed_of_first_place()
             for number in range(0, len(mine), self.seeded_batch_size):
