@@ -139,6 +139,43 @@ def test_sigterm_during_the_sanity_check_ends_every_process_at_once_saving_nothi
     assert not (run_dir / "checkpoints" / "preempted.ckpt").exists()
 
 
+def test_sigterm_while_waiting_for_the_started_processes_ends_with_143_not_as_a_lost_peer(experiment, tmp_path):
+    # The first process passes the signal on to the one Lightning started and waits in a collective for it: that
+    # collective fails as soon as the other leaves, and the failure must not turn the stop into a lost peer (75).
+    run_dir, marker, log = tmp_path / "run", tmp_path / "waiting", tmp_path / "train.log"
+    args = ["fit", *full_epochs_args(experiment, run_dir), "--trainer.devices", "2",
+            "--trainer.callbacks+=trainkit.testing.pacing.PaceSetup",
+            "--trainer.callbacks.marker", str(marker)]  # fmt: skip
+    job = start(args, clean_env(), log)
+    wait_for(marker, job, log)
+    time.sleep(1)  # into the collective
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=30) == 143, log.read_text()[-4000:]
+    assert "lost contact" not in log.read_text(), log.read_text()[-4000:]
+    time.sleep(1)
+    assert group_is_gone(job), "a process of the job is still running"
+
+
+STOPPED_WHILE_WAITING = """
+import os, signal, subprocess, sys
+from trainkit.run import stopping
+stopping.handle_stop_signals()
+started = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # as Lightning starts one
+stopping.stop_with_this_process(lambda: [started])
+os.kill(os.getpid(), signal.SIGTERM)  # passed on to the started process, which ends
+started.wait()  # as a collective with it fails once it left: sooner than the signal's thread ends this process
+stopping.let_an_exit_under_way_finish()
+sys.exit(75)  # as after naming a lost peer
+"""
+
+
+def test_an_error_that_a_stop_signal_caused_leaves_the_exit_to_the_signal():
+    result = subprocess.run([sys.executable, "-c", STOPPED_WHILE_WAITING], env=clean_env(), capture_output=True,
+                            text=True, timeout=180, check=False)  # fmt: skip
+    assert result.returncode == 143, result.stderr
+    assert "SIGTERM: nothing to save yet" in result.stderr, result.stderr
+
+
 def test_restart_resumes_exactly_and_continues_the_same_wandb_run(experiment, tmp_path):
     uninterrupted = run_train("fit", *full_epochs_args(experiment, tmp_path / "a", epochs=2))
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]

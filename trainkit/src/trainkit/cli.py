@@ -266,6 +266,7 @@ def main(args: list[str] | None = None) -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(LOST_NODE)
     except Exception as error:
+        stopping.let_an_exit_under_way_finish()  # the error followed from it: its status and line stand
         mistake = mistake_in_the_researchers_code(error)
         if mistake is not None:
             print(f"error: {mistake}", file=sys.stderr)

@@ -70,6 +70,7 @@ class ExplainDistributedFailure(Callback):
         stop_watching()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        stopping.let_an_exit_under_way_finish()  # a stop signal's, before Lightning's teardown kills the others
         if not lost_contact(exception):
             return
         stopping.end_on_own_terms()  # a SIGTERM now (torchrun's, once another process ended) waits for the line

@@ -30,12 +30,14 @@ from trainkit.run.exit_codes import INTERRUPTED, PREEMPTED
 EXIT_STATUS = {signal.SIGTERM: PREEMPTED, signal.SIGINT: INTERRUPTED}
 SIGNAL_NAME = {status: signum.name for signum, status in EXIT_STATUS.items()}
 STARTED_PROCESSES_WAIT_SECONDS = 10  # for the processes Lightning started to stop before they are killed
+EXIT_SECONDS = 5  # for exit_now to end the loader's workers and flush the output, after those processes ended
 
 _requested = 0  # the exit status the signals received so far ask for; 0 while none came
 _on_signal: Callable[[], None] | None = None  # set while training: PreemptionCheckpoint stops and saves
 _started_processes: Callable[[], Iterable[subprocess.Popen]] = list
 _watching = False
 _ending = False  # the process ends with a status of its own, and says why first
+_exit_under_way = False  # a thread other than the main one is ending the process (exit_now)
 
 
 def handle_stop_signals() -> None:
@@ -115,12 +117,14 @@ def _watch(read_end: int) -> None:
 
 
 def _stop(signum: signal.Signals) -> None:
-    global _requested, _ending
+    global _requested, _ending, _exit_under_way
     _requested = max(_requested, EXIT_STATUS[signum])
     exiting_now = _on_signal is None and not _ending
     # Before the processes Lightning started exit with the same status: its watcher, which would end this
-    # process for that, spares a process that is ending on its own (run/node_watch.py).
+    # process for that, spares a process that is ending on its own (run/node_watch.py), and so does the main
+    # thread when a collective it waits in fails because they left (let_an_exit_under_way_finish).
     _ending = _ending or exiting_now
+    _exit_under_way = _exit_under_way or exiting_now
     for process in _started_processes():
         if process.poll() is None:
             process.send_signal(signum)
@@ -136,8 +140,8 @@ def _exit_now(signum: signal.Signals) -> None:
 def exit_now(status: int, line: str) -> None:
     """Write `line`, wait a little for the processes Lightning started here, end any left and the loader's
     workers, and exit with `status`: from any thread, the main one perhaps waiting in C code."""
-    global _ending
-    _ending = True
+    global _ending, _exit_under_way
+    _ending = _exit_under_way = True
     os.write(2, f"{line}\n".encode())
     deadline = time.monotonic() + STARTED_PROCESSES_WAIT_SECONDS
     for process in _started_processes():
@@ -150,6 +154,15 @@ def exit_now(status: int, line: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+def let_an_exit_under_way_finish() -> None:
+    """For the main thread, on an error: if another thread is ending the process (`exit_now`), the error is what
+    that exit caused, for one a collective that failed because the processes Lightning started here left on the
+    same stop signal. That thread's status and line stand, not the error's (exit 75 for a lost peer): wait for it to
+    end the process. Returns only if it has not within the time its exit may take."""
+    if _exit_under_way:
+        time.sleep(STARTED_PROCESSES_WAIT_SECONDS + EXIT_SECONDS)
 
 
 def _obey_only_the_parent() -> None:

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 from trainkit.run import stopping
 
@@ -50,6 +50,21 @@ class PaceSanityCheck(Callback):
             if trainer.is_global_zero:
                 self.marker.touch()
             time.sleep(self.seconds_per_batch)
+
+
+class PaceSetup(Callback):
+    """In `setup`, every process but global rank 0 sleeps; rank 0 creates the file `marker` and goes on, to wait
+    for them in the job's next collective (DistributedDataParallel's first broadcast)."""
+
+    def __init__(self, marker: str, seconds: float = 60.0) -> None:
+        self.marker = Path(marker)
+        self.seconds = seconds
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if trainer.is_global_zero:
+            self.marker.touch()
+        else:
+            time.sleep(self.seconds)
 
 
 class PaceValidation(Callback):
