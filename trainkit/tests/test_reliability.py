@@ -139,18 +139,30 @@ def test_sigterm_during_the_sanity_check_ends_every_process_at_once_saving_nothi
     assert not (run_dir / "checkpoints" / "preempted.ckpt").exists()
 
 
-def test_sigterm_while_waiting_for_the_started_processes_ends_with_143_not_as_a_lost_peer(experiment, tmp_path):
-    # The first process passes the signal on to the one Lightning started and waits in a collective for it: that
-    # collective fails as soon as the other leaves, and the failure must not turn the stop into a lost peer (75).
+STOPS = {  # the signal, whether the whole group gets it, the exit status
+    "sigterm-to-the-first-process": (signal.SIGTERM, False, 143),  # Kubernetes, Docker
+    "sigint-to-the-group": (signal.SIGINT, True, 130),  # Ctrl-C; Slurm signals every process too
+}
+
+
+@pytest.mark.parametrize("stop", STOPS)
+def test_a_stop_while_waiting_for_the_started_processes_is_not_taken_for_a_lost_peer(experiment, tmp_path, stop):
+    # The first process waits in a collective for the one Lightning started, which leaves on the same signal (passed
+    # on to it, or sent to the whole group as Slurm and Ctrl-C do): the collective fails as soon as it left, and that
+    # failure must not turn the stop into a lost peer (75).
     run_dir, marker, log = tmp_path / "run", tmp_path / "waiting", tmp_path / "train.log"
     args = ["fit", *full_epochs_args(experiment, run_dir), "--trainer.devices", "2",
             "--trainer.callbacks+=trainkit.testing.pacing.PaceSetup",
             "--trainer.callbacks.marker", str(marker)]  # fmt: skip
+    signum, to_the_group, status = STOPS[stop]
     job = start(args, clean_env(), log)
     wait_for(marker, job, log)
     time.sleep(1)  # into the collective
-    job.send_signal(signal.SIGTERM)
-    assert job.wait(timeout=30) == 143, log.read_text()[-4000:]
+    if to_the_group:
+        os.killpg(job.pid, signum)
+    else:
+        job.send_signal(signum)
+    assert job.wait(timeout=30) == status, log.read_text()[-4000:]
     assert "lost contact" not in log.read_text(), log.read_text()[-4000:]
     time.sleep(1)
     assert group_is_gone(job), "a process of the job is still running"

@@ -104,9 +104,12 @@ def ending() -> bool:
 
 
 def _handle(signum: int, frame: object) -> None:
-    # The thread reading the pipe has acted already; the main thread's part is what must run in it.
+    # The main thread's part, at its next bytecode; the thread reading the pipe acts too, perhaps only later.
+    global _exit_under_way
     if _on_signal is not None:
         _on_signal()
+    elif not _ending:
+        _exit_under_way = True  # that thread ends the process (_stop): what fails here meanwhile is its doing
 
 
 def _watch(read_end: int) -> None:
