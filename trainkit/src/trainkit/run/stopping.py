@@ -37,7 +37,7 @@ _on_signal: Callable[[], None] | None = None  # set while training: PreemptionCh
 _started_processes: Callable[[], Iterable[subprocess.Popen]] = list
 _watching = False
 _ending = False  # the process ends with a status of its own, and says why first
-_exit_under_way = False  # a thread other than the main one is ending the process (exit_now)
+_exit_under_way = False  # a thread other than the main one ends the process, or is about to (exit_now)
 
 
 def handle_stop_signals() -> None:
