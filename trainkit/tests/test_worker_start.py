@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from trainkit.run.worker_start import python_with_a_stuck_fork
+
 from .drills import full_epochs_args, process_tree
 from .helpers import PROJECT_ROOT, clean_env, quick_run_args, run_train
 
@@ -44,6 +46,17 @@ def test_two_process_fits_with_loader_workers_start_every_worker(experiment, tmp
                            "--data.num_workers", "2", timeout=240)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         assert "did not start" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("version", "advised"), [((3, 11, 7), True), ((3, 11, 9), True), ((3, 11, 10), False), ((3, 12, 0), False)]
+)
+def test_a_python_whose_fork_can_hang_its_child_is_named_in_the_line(version, advised):
+    advice = python_with_a_stuck_fork(version)
+    if advised:
+        assert advice is not None and f"Python {'.'.join(map(str, version))}" in advice and "112275" in advice
+    else:
+        assert advice is None
 
 
 def test_a_process_that_forks_keeps_its_own_sigusr2_handler():

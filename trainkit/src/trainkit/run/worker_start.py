@@ -101,14 +101,27 @@ def _print_stacks(hung: list[int]) -> None:
             time.sleep(STACK_SECONDS)
 
 
+def python_with_a_stuck_fork(version: tuple[int, int, int] = sys.version_info[:3]) -> str | None:
+    """Advice for a Python whose own fork can hang the child (CPython issue 112275: a child of a process whose
+    other thread held the interpreter's thread-state lock waits on it forever, before any Python code runs);
+    None for a Python without that bug (3.11.10 and later, 3.12 and later)."""
+    if version[:2] != (3, 11) or version >= (3, 11, 10):
+        return None
+    return (
+        f"Python {'.'.join(map(str, version))} has such a lock in its own fork (CPython issue 112275, fixed in"
+        " 3.11.10 and 3.12): use a newer Python"
+    )
+
+
 def _end_the_job(hung: list[int]) -> None:
     which = f"pid {', '.join(map(str, hung))}" if hung else "its pid is unknown"
     sys.stdout.flush()
     _print_stacks(hung)
+    advice = python_with_a_stuck_fork()
     print(
         f"error: a data loader worker of this process (pid {os.getpid()}) did not start within"
         f" {WORKER_START_SECONDS:.0f} s of its fork ({which}), probably stuck on a lock another thread held when it"
-        f" was forked; exiting with {LOST_NODE} so that the job is retried",
+        f" was forked{f'; {advice}' if advice else ''}; exiting with {LOST_NODE} so that the job is retried",
         file=sys.stderr,
         flush=True,
     )
