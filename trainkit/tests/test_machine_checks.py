@@ -70,7 +70,8 @@ def test_the_size_is_the_file_systems(tmp_path):
 
 def stub_trainer(local_rank: int, device: str, devices: int, loaders: object) -> SimpleNamespace:
     strategy = SimpleNamespace(root_device=torch.device(device))
-    return SimpleNamespace(local_rank=local_rank, num_devices=devices, strategy=strategy, train_dataloader=loaders)
+    return SimpleNamespace(local_rank=local_rank, num_devices=devices, world_size=devices, strategy=strategy,
+                           train_dataloader=loaders)  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from trainkit.run.worker_start import python_with_a_stuck_fork
+from trainkit.run import worker_start
+from trainkit.run.worker_start import fork_can_hang
 
 from .drills import full_epochs_args, process_tree
 from .helpers import PROJECT_ROOT, clean_env, quick_run_args, run_train
@@ -48,15 +49,24 @@ def test_two_process_fits_with_loader_workers_start_every_worker(experiment, tmp
         assert "did not start" not in result.stderr
 
 
-@pytest.mark.parametrize(
-    ("version", "advised"), [((3, 11, 7), True), ((3, 11, 9), True), ((3, 11, 10), False), ((3, 12, 0), False)]
-)
-def test_a_python_whose_fork_can_hang_its_child_is_named_in_the_line(version, advised):
-    advice = python_with_a_stuck_fork(version)
-    if advised:
-        assert advice is not None and f"Python {'.'.join(map(str, version))}" in advice and "112275" in advice
+@pytest.mark.parametrize(("version", "can_hang"), [((3, 11, 7), True), ((3, 11, 9), True), ((3, 11, 10), False),
+                                                 ((3, 12, 0), False), ((3, 13, 1), False)])  # fmt: skip
+def test_the_pythons_whose_own_fork_can_hang_the_child_are_known(version, can_hang):
+    assert fork_can_hang(version) is can_hang
+
+
+@pytest.mark.parametrize(("world_size", "workers", "warned"), [(2, 2, True), (1, 2, False), (2, 0, False)])
+def test_a_job_of_several_processes_with_loader_workers_on_such_a_python_is_warned(monkeypatch, world_size, workers,
+                                                                                    warned):  # fmt: skip
+    monkeypatch.setattr(worker_start, "fork_can_hang", lambda: True)
+    monkeypatch.setattr(worker_start, "python_named", lambda: "Python 3.11.7")
+    warning = worker_start.stuck_fork_warning(world_size, workers)
+    if warned:
+        assert warning.startswith("Python 3.11.7 can leave a data loader worker hung") and "112275" in warning
     else:
-        assert advice is None
+        assert warning is None
+    monkeypatch.setattr(worker_start, "fork_can_hang", lambda: False)
+    assert worker_start.stuck_fork_warning(world_size, workers) is None
 
 
 def test_a_process_that_forks_keeps_its_own_sigusr2_handler():

@@ -1,5 +1,6 @@
 """What a fit needs of the machine, checked as it starts: a compiler for a compiled model (run/compiler.py),
-and /dev/shm enough for NCCL and the loader workers (run/shared_memory.py)."""
+/dev/shm enough for NCCL and the loader workers (run/shared_memory.py), a Python whose fork of a loader worker
+cannot hang (run/worker_start.py)."""
 
 import logging
 from collections.abc import Mapping, Sequence
@@ -11,12 +12,14 @@ from torch.utils.data import DataLoader
 from trainkit.run.compiler import compile_problem, compiled_modules
 from trainkit.run.errors import ConfigError
 from trainkit.run.shared_memory import SHARED_MEMORY, shared_memory_warning, size_of
+from trainkit.run.worker_start import stuck_fork_warning
 
 log = logging.getLogger(__name__)
 
 
 class CheckThisMachine(Callback):
-    """Refuse a compiled model where there is no compiler; warn a node short of /dev/shm, once."""
+    """Refuse a compiled model where there is no compiler; warn a node short of /dev/shm, or on a Python whose fork
+    of a loader worker can hang, once."""
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # After configure_model, where models compile, and before the sanity check runs the first compiled step.
@@ -33,9 +36,13 @@ class CheckThisMachine(Callback):
         if trainer.local_rank != 0:
             return
         gpus = trainer.num_devices if trainer.strategy.root_device.type == "cuda" else 0  # gloo needs no /dev/shm
-        warning = shared_memory_warning(size_of(SHARED_MEMORY), gpus, loader_workers(trainer.train_dataloader))
-        if warning is not None:
-            log.warning(warning)
+        workers = loader_workers(trainer.train_dataloader)
+        for warning in (
+            shared_memory_warning(size_of(SHARED_MEMORY), gpus, workers),
+            stuck_fork_warning(trainer.world_size, workers),
+        ):
+            if warning is not None:
+                log.warning(warning)
 
 
 def loader_workers(loaders: Any) -> int:

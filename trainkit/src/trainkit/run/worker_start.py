@@ -33,6 +33,7 @@ from trainkit.run.processes import children_of
 WORKER_START_SECONDS = 60.0  # a fork of a large process copies its page tables: seconds, never a minute
 STACK_SIGNAL = signal.SIGUSR2  # a stuck child prints its stack on it
 STACK_SECONDS = 1.0  # for a stuck child to print its stack
+FORK_BUG = "CPython issue 112275, fixed in 3.11.10 and 3.12"
 
 _fork_times: list[float] = []  # when this process forked, oldest first
 _arrived: set[int] = set()  # the children that said they started
@@ -101,15 +102,25 @@ def _print_stacks(hung: list[int]) -> None:
             time.sleep(STACK_SECONDS)
 
 
-def python_with_a_stuck_fork(version: tuple[int, int, int] = sys.version_info[:3]) -> str | None:
-    """Advice for a Python whose own fork can hang the child (CPython issue 112275: a child of a process whose
-    other thread held the interpreter's thread-state lock waits on it forever, before any Python code runs);
-    None for a Python without that bug (3.11.10 and later, 3.12 and later)."""
-    if version[:2] != (3, 11) or version >= (3, 11, 10):
+def fork_can_hang(version: tuple[int, int, int] = sys.version_info[:3]) -> bool:
+    """Whether this Python's own fork can hang the child: CPython issue 112275, in 3.11 before 3.11.10. The child
+    waits forever for the interpreter's thread-state lock if another thread held it at the fork; gloo's and NCCL's
+    threads take it (without Python's GIL) whenever they drop the last reference to a finished collective."""
+    return version[:2] == (3, 11) and version < (3, 11, 10)
+
+
+def python_named(version: tuple[int, int, int] = sys.version_info[:3]) -> str:
+    """E.g. `Python 3.11.7`."""
+    return f"Python {'.'.join(map(str, version))}"
+
+
+def stuck_fork_warning(world_size: int, loader_workers: int) -> str | None:
+    """One line for a job of several processes whose loaders fork workers on such a Python; None otherwise."""
+    if not fork_can_hang() or world_size < 2 or loader_workers == 0:
         return None
     return (
-        f"Python {'.'.join(map(str, version))} has such a lock in its own fork (CPython issue 112275, fixed in"
-        " 3.11.10 and 3.12): use a newer Python"
+        f"{python_named()} can leave a data loader worker hung in its fork while the job's collectives run"
+        f" ({FORK_BUG}): use a newer Python. Such a job ends with {LOST_NODE} within a minute, to be retried"
     )
 
 
@@ -117,11 +128,11 @@ def _end_the_job(hung: list[int]) -> None:
     which = f"pid {', '.join(map(str, hung))}" if hung else "its pid is unknown"
     sys.stdout.flush()
     _print_stacks(hung)
-    advice = python_with_a_stuck_fork()
+    python = f"; {python_named()} has such a lock in its own fork ({FORK_BUG}): use a newer Python"
     print(
         f"error: a data loader worker of this process (pid {os.getpid()}) did not start within"
         f" {WORKER_START_SECONDS:.0f} s of its fork ({which}), probably stuck on a lock another thread held when it"
-        f" was forked{f'; {advice}' if advice else ''}; exiting with {LOST_NODE} so that the job is retried",
+        f" was forked{python if fork_can_hang() else ''}; exiting with {LOST_NODE} so that the job is retried",
         file=sys.stderr,
         flush=True,
     )
