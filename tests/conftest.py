@@ -2,6 +2,7 @@
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,13 @@ def projects(cookies_session) -> dict[str, Path]:
         generated[name] = result.project_path
         make_importable(result.project_path)
     return generated
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_in_pytests_folder(tmp_path_factory) -> None:
+    """Temporary files made in the test processes go where pytest cleans up: cookiecutter never deletes the
+    script it writes for each hook, and these tests generate hundreds of projects."""
+    tempfile.tempdir = str(tmp_path_factory.mktemp("tempfiles"))
 
 
 @pytest.fixture(scope="session")
