@@ -4,11 +4,13 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
 from trainkit.run import worker_start
 from trainkit.run.worker_start import fork_can_hang
+from trainkit.testing import runs
 
 from .drills import full_epochs_args, process_tree
 from .helpers import PROJECT_ROOT, clean_env, quick_run_args, run_train
@@ -35,6 +37,7 @@ def test_a_worker_stuck_in_its_fork_ends_the_job_with_75_and_names_it(experiment
         output[-3000:]
     )
     assert "(pid " in line.partition("of its fork")[2]  # the stuck worker named
+    assert runs.ended_for_a_stuck_fork(subprocess.CompletedProcess(command, 75, stderr=output)) is fork_can_hang()
     # Where it was stuck, printed by the worker itself: on the lock (here, the sleep) that held it.
     stack = output.partition("the stack of data loader worker")[2]
     assert re.search(r'File ".*train_with_stuck_forks.py", line \d+ in <lambda>', stack), output[-3000:]
@@ -85,3 +88,30 @@ os.kill(os.getpid(), signal.SIGUSR2)
     result = subprocess.run([sys.executable, "-c", script], env=clean_env(), capture_output=True, text=True,
                             timeout=60)  # fmt: skip
     assert result.returncode == 0 and result.stdout == "own handler\n", result.stderr
+
+
+# How a job's first attempt ends with 75: by the worker-start watchdog's own line, or for another cause.
+FIRST_ATTEMPT_ENDS = {
+    "stuck fork": "from trainkit.run import worker_start; worker_start._end_the_job([])",
+    "lost peer": "print('error: node 1 lost contact with the other processes', file=sys.stderr); sys.exit(75)",
+}
+
+
+@pytest.mark.parametrize("cause", FIRST_ATTEMPT_ENDS)
+def test_the_suites_run_a_job_again_only_where_a_worker_hung_in_pythons_own_fork(tmp_path, cause):
+    # run_train, which the kit's and a project's tests run train.py with, retries as a platform would, but only
+    # where the Python in use has that bug: elsewhere a worker that never started fails the test.
+    (tmp_path / "train.py").write_text(
+        "import sys\nfrom pathlib import Path\n"
+        "attempts = Path('attempts')\nattempts.write_text(attempts.read_text() + 'x' if attempts.exists() else 'x')\n"
+        f"if attempts.read_text() == 'x': {FIRST_ATTEMPT_ENDS[cause]}\n"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = runs.run_train(tmp_path, env=clean_env(), timeout=60)
+    again = cause == "stuck fork" and fork_can_hang()
+    attempts = (tmp_path / "attempts").read_text()
+    assert (result.returncode, attempts) == ((0, "xx") if again else (75, "x")), result.stderr
+    assert [str(warning.message) for warning in caught] == (
+        [f"a data loader worker hung in its fork ({worker_start.FORK_BUG}): the job ran again"] if again else []
+    )

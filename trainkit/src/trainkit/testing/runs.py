@@ -7,10 +7,14 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+
+from trainkit.run.exit_codes import LOST_NODE
+from trainkit.run.worker_start import FORK_BUG, fork_can_hang
 
 # Variables a cluster sets: a test starts from an environment without any, then sets the ones it means.
 CLUSTER_PREFIXES = ("SING_", "SLURM_", "TORCHELASTIC_", "POD_", "PL_")
@@ -97,15 +101,31 @@ def signal_at(step: int) -> list[str]:
 
 
 def run_train(project: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
-    """`python train.py ARGS` from the project's root, to its end: a CompletedProcess with its output."""
-    return subprocess.run(
-        [sys.executable, str(project / "train.py"), *args],
-        cwd=project,
-        env=env or clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`python train.py ARGS` from the project's root, to its end: a CompletedProcess with its output.
+
+    On a Python whose own fork can hang the child (run/worker_start.py), a job that ended with 75 because a data
+    loader worker never started runs once more, as the platform it asks to retry it would, with a warning."""
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(project / "train.py"), *args],
+            cwd=project,
+            env=env or clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    result = run()
+    if ended_for_a_stuck_fork(result):
+        warnings.warn(f"a data loader worker hung in its fork ({FORK_BUG}): the job ran again", stacklevel=2)
+        result = run()
+    return result
+
+
+def ended_for_a_stuck_fork(result: subprocess.CompletedProcess) -> bool:
+    """Whether a run ended with 75 because a loader worker never started, on a Python whose fork can hang it."""
+    return result.returncode == LOST_NODE and fork_can_hang() and "did not start within" in result.stderr
 
 
 def start_train(project: Path, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
