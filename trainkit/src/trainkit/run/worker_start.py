@@ -20,6 +20,7 @@ gives it up once it has arrived, and the watchdog sends a child that has not SIG
 import contextlib
 import faulthandler
 import os
+import platform
 import select
 import signal
 import sys
@@ -34,6 +35,7 @@ WORKER_START_SECONDS = 60.0  # a fork of a large process copies its page tables:
 STACK_SIGNAL = signal.SIGUSR2  # a stuck child prints its stack on it
 STACK_SECONDS = 1.0  # for a stuck child to print its stack
 FORK_BUG = "CPython issue 112275, fixed in 3.11.10 and 3.12"
+NOT_STARTED = "did not start within"  # in the line that ends the job (testing/runs.py looks for it)
 
 _fork_times: list[float] = []  # when this process forked, oldest first
 _arrived: set[int] = set()  # the children that said they started
@@ -109,9 +111,9 @@ def fork_can_hang(version: tuple[int, int, int] = sys.version_info[:3]) -> bool:
     return version[:2] == (3, 11) and version < (3, 11, 10)
 
 
-def python_named(version: tuple[int, int, int] = sys.version_info[:3]) -> str:
+def python_named() -> str:
     """E.g. `Python 3.11.7`."""
-    return f"Python {'.'.join(map(str, version))}"
+    return f"Python {platform.python_version()}"
 
 
 def stuck_fork_warning(world_size: int, loader_workers: int) -> str | None:
@@ -128,11 +130,15 @@ def _end_the_job(hung: list[int]) -> None:
     which = f"pid {', '.join(map(str, hung))}" if hung else "its pid is unknown"
     sys.stdout.flush()
     _print_stacks(hung)
-    python = f"; {python_named()} has such a lock in its own fork ({FORK_BUG}): use a newer Python"
+    python = (
+        f"; {python_named()} has such a lock in its own fork ({FORK_BUG}): use a newer Python"
+        if fork_can_hang()
+        else ""
+    )
     print(
-        f"error: a data loader worker of this process (pid {os.getpid()}) did not start within"
+        f"error: a data loader worker of this process (pid {os.getpid()}) {NOT_STARTED}"
         f" {WORKER_START_SECONDS:.0f} s of its fork ({which}), probably stuck on a lock another thread held when it"
-        f" was forked{python if fork_can_hang() else ''}; exiting with {LOST_NODE} so that the job is retried",
+        f" was forked{python}; exiting with {LOST_NODE} so that the job is retried",
         file=sys.stderr,
         flush=True,
     )

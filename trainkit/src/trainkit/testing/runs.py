@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from trainkit.run.exit_codes import LOST_NODE
-from trainkit.run.worker_start import FORK_BUG, fork_can_hang
+from trainkit.run.worker_start import FORK_BUG, NOT_STARTED, fork_can_hang
 
 # Variables a cluster sets: a test starts from an environment without any, then sets the ones it means.
 CLUSTER_PREFIXES = ("SING_", "SLURM_", "TORCHELASTIC_", "POD_", "PL_")
@@ -125,7 +125,7 @@ def run_train(project: Path, *args: str, env: dict[str, str] | None = None, time
 
 def ended_for_a_stuck_fork(result: subprocess.CompletedProcess) -> bool:
     """Whether a run ended with 75 because a loader worker never started, on a Python whose fork can hang it."""
-    return result.returncode == LOST_NODE and fork_can_hang() and "did not start within" in result.stderr
+    return result.returncode == LOST_NODE and fork_can_hang() and NOT_STARTED in result.stderr
 
 
 def start_train(project: Path, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
