@@ -1,8 +1,10 @@
 """Fixtures of the template's tests: projects generated once per answer set, and real MNIST digits."""
 
 import os
+import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,10 +67,19 @@ def projects(cookies_session) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def temporary_files_in_pytests_folder(tmp_path_factory) -> None:
-    """Temporary files made in the test processes go where pytest cleans up: cookiecutter never deletes the
-    script it writes for each hook, and these tests generate hundreds of projects."""
-    tempfile.tempdir = str(tmp_path_factory.mktemp("tempfiles"))
+def temporary_files_of_this_session() -> Iterator[None]:
+    """Every temporary file of the tests and of the commands they run goes to one folder, removed at the end.
+
+    Left in the system's: cookiecutter's script for each hook (never deleted; hundreds of projects are
+    generated here), torchrun's log folder (never deleted), and the temporary files and sockets of processes a
+    drill kills. A short path, because wandb's sockets live there.
+    """
+    folder = tempfile.mkdtemp(prefix="template-tests-")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", folder)
+        patch.setattr(tempfile, "tempdir", folder)
+        yield
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,7 @@
 """The pre-generation hook refuses bad answers with one clear line and writes nothing."""
 
-import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -35,7 +33,6 @@ def bake(tmp_path, answers: dict[str, str]) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
-        env={**os.environ, "TMPDIR": tempfile.gettempdir()},  # pytest's (conftest.py), for cookiecutter's leftovers
         timeout=120,
     )
 

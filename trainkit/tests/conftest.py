@@ -5,6 +5,8 @@ Every process a test starts imports the kit from `src/` and the tests' helpers f
 
 import os
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,22 @@ KIT_ROOT = Path(__file__).resolve().parent.parent
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(KIT_ROOT / "src"), str(KIT_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_of_this_session() -> Iterator[None]:
+    """Every temporary file of the tests and of the runs they start goes to one folder, removed at the end.
+
+    Left in the system's: torchrun's log folder (never deleted), and the temporary files and sockets of the
+    processes a drill kills or ends with `os._exit` (wandb's, multiprocessing's). A short path, because wandb's
+    sockets live there.
+    """
+    folder = tempfile.mkdtemp(prefix="trainkit-tests-")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", folder)
+        patch.setattr(tempfile, "tempdir", folder)
+        yield
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
