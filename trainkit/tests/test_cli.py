@@ -203,6 +203,28 @@ def test_configs_compose_in_the_tests_own_process_as_train_py_composes_them(expe
         print_config("fit", "--config", str(experiment), "--config", str(misspelt))
 
 
+def test_a_model_or_data_module_of_another_class_starts_from_its_own_defaults(experiment, tmp_path):
+    """jsonargparse would give the new class the options it shares with the one it replaces, and say nothing."""
+
+    def model_and_data(*args: str) -> tuple[dict, dict]:
+        printed = yaml.safe_load(print_config("fit", "--config", str(experiment), *args))
+        return printed["model"], printed["data"]
+
+    sharded = "trainkit.testing.tiny.TinyShardedClassifier"  # takes every option TinyClassifier takes
+    model, data = model_and_data("--model.hidden", "48", "--model", sharded, "--data.num_workers", "3",
+                                 "--data", "trainkit.data.streaming.StreamingImageDataModule")  # fmt: skip
+    assert (model["class_path"], model["init_args"]["hidden"], data["init_args"]["num_workers"]) == (sharded, 32, 2)
+    model, _ = model_and_data("--model.hidden", "48", "--model", "trainkit.testing.tiny.TinyClassifier")
+    assert model["init_args"]["hidden"] == 48  # the same class again: options add to what is set
+    model, _ = model_and_data("--model.hidden", "48", "--model", '{"init_args": {"dropout": 0.1}}')
+    assert (model["init_args"]["hidden"], model["init_args"]["dropout"]) == (48, 0.1)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "sharded.yaml").write_text(f"class_path: {sharded}\ninit_args:\n  lr: 0.5\n")
+    (tmp_path / "experiment.yaml").write_text("model: model/sharded.yaml\n")  # a config naming a config of its own
+    model, _ = model_and_data("--model.hidden", "48", "--config", str(tmp_path / "experiment.yaml"))
+    assert (model["class_path"], model["init_args"]["hidden"], model["init_args"]["lr"]) == (sharded, 32, 0.5)
+
+
 def test_a_model_that_does_not_log_the_monitored_metric_trains_to_the_end_saving_last_every_epoch(experiment, tmp_path):
     # Lightning's own demo model and data logs no metric at all: the experiment's monitor costs no epoch.
     run_dir = tmp_path / "run"

@@ -14,7 +14,7 @@ class TestTheExperiment(YourCodeContract):
     args = ("--config", "configs/experiment.yaml")
 
     # The example's digits download where there is a network; the tests train on small fake ones.
-    # Delete this method with the example (or point it at a small sample of your data).
+    # Once the experiment names your data: point this at a small sample of it, or delete it where the data is at hand.
     @classmethod
     def prepare(cls, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
         digits = write_fake_mnist(tmp_path_factory.mktemp("mnist"))

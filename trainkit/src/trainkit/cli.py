@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 
 import torch.distributed as dist
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import LightningModule, Trainer
@@ -66,6 +66,7 @@ from trainkit.run.lock import lock_run_dir
 from trainkit.run.machine import CheckThisMachine
 from trainkit.run.node_watch import watch_started_processes
 from trainkit.run.quiet import quiet_library_noise
+from trainkit.run.replaced_classes import replace_whole
 from trainkit.run.speed import use_fast_defaults
 from trainkit.run.stopping import stop_with_this_process
 from trainkit.store.lock import lock_store
@@ -102,7 +103,10 @@ class ProjectCLI(LightningCLI):
             parser.link_arguments(f"data.{shared}", f"model.init_args.{shared}", apply_on="instantiate")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        super().parse_arguments(parser, args)
+        if isinstance(args, (dict, Namespace)):
+            super().parse_arguments(parser, args)
+        else:  # a model or data module of another class replaces the one set before it whole
+            self.config = parser.parse_args(replace_whole(sys.argv[1:] if args is None else list(args)))
         subcommand = self.config.get("subcommand")
         if subcommand:
             config = self.config[subcommand]

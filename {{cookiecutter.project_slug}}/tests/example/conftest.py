@@ -7,13 +7,20 @@ from trainkit.chunks import convert
 
 from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
 
-from ..conftest import EXPERIMENT, PROJECT_ROOT, quick_run_args, run_train
+from ..conftest import EXPERIMENT, PROJECT_ROOT, quick_trainer_args, run_train
 from .fake_mnist import write_fake_mnist
+
+# The example on top of the experiment, whatever model and data configs/experiment.yaml names now.
+THE_EXAMPLE = ("--config", str(EXPERIMENT),
+               "--model", str(PROJECT_ROOT / "configs" / "model" / "image_classifier.yaml"),
+               "--data", str(PROJECT_ROOT / "configs" / "data" / "mnist.yaml"),
+               "--best_checkpoint.monitor", "val/acc", "--best_checkpoint.mode", "max")  # fmt: skip
 
 
 def mnist_run_args(data_dir: Path, run_dir: Path) -> list[str]:
-    """The example's experiment for a few steps on the small synthetic MNIST, in memory."""
-    return [*quick_run_args(EXPERIMENT, run_dir), "--data.data_dir", str(data_dir), "--data.download", "false"]
+    """The example for a few steps of 32 images on the small synthetic MNIST, in memory."""
+    return [*THE_EXAMPLE, "--data.batch_size", "32", *quick_trainer_args(run_dir),
+            "--data.data_dir", str(data_dir), "--data.download", "false"]  # fmt: skip
 
 
 @pytest.fixture(scope="session")

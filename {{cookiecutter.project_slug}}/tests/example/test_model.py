@@ -13,7 +13,7 @@ from trainkit.cli import ProjectCLI
 from {{ cookiecutter.package_name }}.data.mnist import MNISTDataModule
 from {{ cookiecutter.package_name }}.models.image_classifier import ConvNet, ImageClassifier
 
-from ..conftest import EXPERIMENT
+from .conftest import THE_EXAMPLE
 from .fake_mnist import fake_digits
 
 
@@ -51,7 +51,7 @@ class ColourImages(LightningDataModule):
 
 
 def test_the_command_line_gives_the_model_the_data_modules_channels_and_classes(tmp_path):
-    args = ["fit", "--config", str(EXPERIMENT), "--data", f"{__name__}.ColourImages",
+    args = ["fit", *THE_EXAMPLE, "--data", f"{__name__}.ColourImages",
             "--trainer.fast_dev_run", "true", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
     cli = ProjectCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, args=args)

@@ -11,7 +11,8 @@ class ClusterSettings:
     """The `cluster:` section of the config: how the processes of a job find each other.
 
     Args:
-        main_port: port of the main node when the platform sets no MASTER_PORT; the same on every node.
+        main_port: port of the main node when the platform sets no MASTER_PORT; the same on every node. On one
+            machine with no platform, Lightning takes a free port (the run's first line shows it).
         address_timeout: seconds to wait for the main node's host name to resolve (pods start at
             different times and a headless service's DNS lags behind).
         join_timeout: how long the processes wait for each other to form the job: nodes start at
