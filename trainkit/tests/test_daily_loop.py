@@ -2,6 +2,7 @@
 
 import csv
 import re
+import statistics
 import subprocess
 from importlib import metadata
 
@@ -10,6 +11,7 @@ import torch
 import yaml
 from lightning.pytorch import Trainer
 
+from trainkit.testing.runs import signal_at
 from trainkit.tracking.predictions import PredictionWriter
 
 from .helpers import EXPERIMENT, PROJECT_ROOT, quick_run_args, quick_trainer_args, run_train
@@ -103,6 +105,30 @@ def test_output_to_a_file_gets_log_lines_not_a_progress_bar(experiment, tmp_path
     assert re.search(r"^epoch 1/1 step 2/4 lr-Adam=0.0100 train/loss=\S+ \(", result.stderr, re.MULTILINE)
     assert "epoch 1/1 val/acc=" in result.stderr
     assert "it/s" not in result.stdout + result.stderr  # what Lightning's progress bars show
+
+
+def test_a_run_resumed_mid_epoch_shows_the_speed_of_its_own_steps(experiment, tmp_path):
+    """Lightning starts no epoch where a run resumes mid-epoch: its first line counts from the checkpoint's step."""
+    args = [
+        "fit",
+        *quick_run_args(experiment, tmp_path / "run")[:-2],
+        "--data.batch_size",
+        "8",
+        "--trainer.limit_train_batches",
+        "1.0",
+        "--trainer.max_steps",
+        "52",
+        "--trainer.log_every_n_steps",
+        "2",
+    ]
+    stopped = run_train(*args, *signal_at(40))  # 72 steps an epoch
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    resumed = run_train(*args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rates = [float(rate) for rate in re.findall(r"^epoch 1/1 step \d+/72 .* \((\S+) steps/s\)$", resumed.stderr, re.M)]
+    assert len(rates) >= 5, resumed.stderr[-3000:]
+    # Counted from step 0, the first would be 20 times the others or more.
+    assert rates[0] < 4 * statistics.median(rates[1:]), rates
 
 
 def test_progress_and_the_best_checkpoint_follow_any_metric_names_and_several_validation_loaders(experiment, tmp_path):

@@ -60,29 +60,40 @@ class TestBrokenPair(YourCodeContract):
 
 VAL_LOADER_LINE = next(number for number, line in enumerate((PROJECT_ROOT / "tasks" / "regression.py").open(), 1)
                        if "return DataLoader(self.val" in line)  # fmt: skip
+MATMUL_LINE = next(number for number, line in enumerate((PROJECT_ROOT / "tasks" / "broken.py").open(), 1)
+                   if "features @ torch.ones" in line)  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("data", "monitor", "failing", "line"),
+    ("model", "data", "monitor", "failing", "line"),
     [
-        ("tasks.broken.BatchesOfItsOwn", "val_loss", "test_the_training_loader_resumes_mid_epoch",
+        ("tasks.regression.Regressor", "tasks.broken.BatchesOfItsOwn", "val_loss",
+         "test_the_training_loader_resumes_mid_epoch",
          "exact resume: the training loader uses a batch sampler of its own (ShuffledBatches) with no length, so a"
          ' resume mid-epoch starts the epoch over (docs/data.md, "Which training loaders resume mid-epoch")'),
-        ("tasks.regression.Table", "val/acc", "test_the_monitored_metric_is_one_the_model_logs",
+        ("tasks.regression.Regressor", "tasks.regression.Table", "val/acc",
+         "test_the_monitored_metric_is_one_the_model_logs",
          "best_checkpoint.monitor: validation logs val_loss, not 'val/acc': no best checkpoint is kept while it is"
          " missing (last.ckpt is). Set it to a metric the model logs, or null (configs/experiment.yaml)."),
-        ("tasks.broken.RefusesItsRoot", "val_loss", "test_a_few_steps_train_validate_and_save_last_ckpt_every_epoch",
+        ("tasks.regression.Regressor", "tasks.broken.RefusesItsRoot", "val_loss",
+         "test_a_few_steps_train_validate_and_save_last_ckpt_every_epoch",
          "training: train.py fit ended with exit 2: error: data.root 'corpus' holds no table"),
-        ("tasks.broken.SetsUpOnlyForFit", "val_loss", "test_a_checkpoint_loads_back_to_the_same_validation",
+        ("tasks.broken.MultipliesTheWrongShapes", "tasks.regression.Table", "val_loss",
+         "test_a_few_steps_train_validate_and_save_last_ckpt_every_epoch",
+         "training: train.py fit ended with exit 1: RuntimeError: mat1 and mat2 shapes cannot be multiplied (16x4 and"
+         f" 5x1) (in training_step, tasks/broken.py:{MATMUL_LINE})"),
+        ("tasks.regression.Regressor", "tasks.broken.SetsUpOnlyForFit", "val_loss",
+         "test_a_checkpoint_loads_back_to_the_same_validation",
          "validate: Trainer.validate on last.ckpt raised AttributeError: 'SetsUpOnlyForFit' object has no attribute"
          f" 'val' (in SetsUpOnlyForFit.val_dataloader, tasks/regression.py:{VAL_LOADER_LINE}): Lightning calls"
          " setup('validate') before validate, and setup('fit') only before fit"),
     ],
     ids=["a batch sampler of its own", "a monitored metric the model never logs", "ConfigError in __init__",
-         "data set up for fit only"],
+         "an error in the model's code", "data set up for fit only"],
 )  # fmt: skip
-def test_a_broken_pair_fails_one_test_in_one_line_naming_the_problem(tmp_path: Path, data, monitor, failing, line):
-    args = (*EXPERIMENT, "--model", "tasks.regression.Regressor", "--data", data, "--best_checkpoint.monitor", monitor)
+def test_a_broken_pair_fails_one_test_in_one_line_naming_the_problem(tmp_path: Path, model, data, monitor, failing,
+                                                                      line):  # fmt: skip
+    args = (*EXPERIMENT, "--model", model, "--data", data, "--best_checkpoint.monitor", monitor)
     (tmp_path / "test_pair.py").write_text(BROKEN_PAIR.format(project=str(PROJECT_ROOT), args=args))
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", "-o", "markers=drills", "-m", "not drills",

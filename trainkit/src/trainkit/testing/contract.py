@@ -38,6 +38,15 @@ from trainkit.tracking.predictions import PredictionWriter
 MONITOR_NOT_LOGGED = "best_checkpoint.monitor:"
 EXACT_RESUME = "exact resume:"
 PREEMPTION_SAVED = "SIGTERM: saved "
+# Why a resumed run most often trains otherwise, where the kit said nothing of its loaders.
+NOT_IN_THE_CHECKPOINT = (
+    "training depends on state the checkpoint does not keep: a plain attribute that changes as it trains (keep it"
+    " in a registered buffer, or in on_save_checkpoint and on_load_checkpoint), or random numbers not drawn from"
+    " torch's, random's or NumPy's global generators"
+)
+KIT = Path(__file__).resolve().parent.parent  # the kit's own code, inside a project or not
+# A frame of a Python traceback in a run's output, stripped.
+TRACEBACK_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 # What each stage runs: the model's step, and the loader the data module (or the model) gives.
 STAGES = {
     "validate": ("validation_step", "val_dataloader"),
@@ -93,7 +102,9 @@ class YourCodeContract:
         return cls().fit(tmp_path_factory.mktemp("fitted"))
 
     def test_a_few_steps_train_validate_and_save_last_ckpt_every_epoch(self, fitted: Run) -> None:
-        assert fitted.returncode == 0, f"training: train.py fit ended with exit {fitted.returncode}: {why(fitted)}"
+        assert fitted.returncode == 0, (
+            f"training: train.py fit ended with exit {fitted.returncode}: {why(fitted, self.project)}"
+        )
         assert fitted.last_ckpt.exists(), "resume: no last.ckpt after two epochs, a restarted job would start afresh"
 
     def test_the_monitored_metric_is_one_the_model_logs(self, fitted: Run) -> None:
@@ -135,7 +146,7 @@ class YourCodeContract:
     # ---- drills: pytest -m drills
 
     @pytest.mark.drills
-    @pytest.mark.parametrize("processes", [1, 2], ids=["1 process", "2 processes"])
+    @pytest.mark.parametrize("processes", [1, 2], ids=["1-process", "2-processes"])  # `-k 2-processes`: no spaces
     def test_sigterm_at_an_epochs_end_then_mid_epoch_then_the_same_command_trains_the_same_weights(
         self, tmp_path: Path, processes: int
     ):
@@ -214,7 +225,9 @@ class YourCodeContract:
         143, then the same command: the uninterrupted weights. A checkpoint of an epoch's last step is the one
         Lightning alone resumes wrong (checkpoints/epoch_end.py); the second stop is sent as a platform sends it."""
         whole = self.fit(tmp_path / "uninterrupted", *extra, wandb_mode="disabled")
-        assert whole.returncode == 0, f"training: train.py fit ended with exit {whole.returncode}: {why(whole)}"
+        assert whole.returncode == 0, (
+            f"training: train.py fit ended with exit {whole.returncode}: {why(whole, self.project)}"
+        )
         processes = len(list((whole.dir / "ranks").glob("rank*.json")))
         digests = {whole.weights(rank) for rank in range(processes)}
         assert len(digests) == 1, f"agreement: the {processes} processes ended with different weights"
@@ -233,7 +246,7 @@ class YourCodeContract:
         stopped = Run(run_dir, at_epoch_end.returncode, at_epoch_end.stdout + at_epoch_end.stderr)
         assert stopped.returncode == 143, (
             f"preemption: SIGTERM at step {steps_per_epoch}, the first epoch's last, ended the run with exit"
-            f" {stopped.returncode}, not 143: {why(stopped)}"
+            f" {stopped.returncode}, not 143: {why(stopped, self.project)}"
         )
 
         job = start_train(self.project, command, env, log)
@@ -241,8 +254,10 @@ class YourCodeContract:
         job.send_signal(signal.SIGTERM)  # as a platform stops a node: to its first process
         code = exit_code(job, timeout=120, hang="preemption: SIGTERM did not end the run within 120 s")
         interrupted = Run(run_dir, code, log.read_text())
-        assert code == 143, f"preemption: SIGTERM ended the run with exit {code}, not 143: {why(interrupted)}"
-        stopped_at = stopped_step(interrupted)
+        assert code == 143, (
+            f"preemption: SIGTERM ended the run with exit {code}, not 143: {why(interrupted, self.project)}"
+        )
+        stopped_at = stopped_step(interrupted, self.project)
         assert stopped_at % steps_per_epoch, (
             f"exact resume: not tried, as the SIGTERM after step {at_step} stopped the run at step {stopped_at}, the"
             f" end of an epoch of {steps_per_epoch} steps: give the tests more steps per epoch (a smaller batch size"
@@ -251,12 +266,14 @@ class YourCodeContract:
 
         again = run_train(self.project, *command, env=env, timeout=600)
         rerun = Run(run_dir, again.returncode, again.stdout + again.stderr)
-        assert rerun.returncode == 0, f"resume: the same command ended with exit {rerun.returncode}: {why(rerun)}"
+        assert rerun.returncode == 0, (
+            f"resume: the same command ended with exit {rerun.returncode}: {why(rerun, self.project)}"
+        )
         said = [line.removeprefix(EXACT_RESUME).strip() for run in (stopped, interrupted, rerun)
                 for line in said_lines(run, EXACT_RESUME)]  # fmt: skip
         assert rerun.weights() == whole.weights(), (
             f"exact resume: after SIGTERM at steps {steps_per_epoch} and {at_step} and the same command again, the"
-            f" weights differ from an uninterrupted run's{'; ' + said[0] if said else ''}"
+            f" weights differ from an uninterrupted run's; {said[0] if said else NOT_IN_THE_CHECKPOINT}"
         )
 
 
@@ -301,15 +318,34 @@ def said_lines(run: Run, start: str) -> list[str]:
     return [line[line.index(start) :] for line in run.output.splitlines() if start in line]
 
 
-def stopped_step(run: Run) -> int:
+def stopped_step(run: Run, project: Path) -> int:
     """The step at which SIGTERM stopped a run, from the line the preemption checkpoint logs."""
     said = said_lines(run, PREEMPTION_SAVED)
-    assert said, f"preemption: the run said nothing like {PREEMPTION_SAVED!r}: {why(run)}"
+    assert said, f"preemption: the run said nothing like {PREEMPTION_SAVED!r}: {why(run, project)}"
     return int(re.search(r" at step (\d+)", said[0]).group(1))
 
 
-def why(run: Run) -> str:
-    """The last line that says what went wrong, for a failure's first line."""
+def why(run: Run, project: Path) -> str:
+    """The last line that says what went wrong, for a failure's first line; after a traceback, where in the
+    researcher's code it was raised."""
     lines = [line.strip() for line in run.output.splitlines() if line.strip() and not line.startswith("wandb")]
-    errors = [line for line in lines if line.startswith("error:") or "Error" in line or "Exception" in line]
-    return (errors or lines or ["(no output)"])[-1]
+    errors = [index for index, line in enumerate(lines) if line.startswith("error:") or "Error" in line
+              or "Exception" in line]  # fmt: skip
+    if not errors:
+        return (lines or ["(no output)"])[-1]
+    where = raised_in_output(lines[: errors[-1]], project)
+    return f"{lines[errors[-1]]} ({where})" if where else lines[errors[-1]]
+
+
+def raised_in_output(lines: list[str], project: Path) -> str | None:
+    """`in FUNCTION, FILE:LINE`: the deepest frame in the researcher's code (the project's, not train.py or the
+    kit) of the traceback these lines end with; None where there is none."""
+    tracebacks = [index for index, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    for line in reversed(lines[tracebacks[-1] :] if tracebacks else []):
+        frame = TRACEBACK_FRAME.fullmatch(line)
+        if frame is None:
+            continue
+        path = project / frame["file"]  # a file named relative to the run's folder, the project, is in it
+        if path.is_relative_to(project) and path != project / "train.py" and not path.is_relative_to(KIT):
+            return f"in {frame['function']}, {path.relative_to(project)}:{frame['line']}"
+    return None

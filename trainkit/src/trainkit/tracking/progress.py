@@ -30,10 +30,16 @@ class PlainProgress(Callback):
         self._before_validation: dict[str, Tensor] = {}
         self._validation_names: set[str] = set()
 
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # A run resumed mid-epoch starts counting at its checkpoint's step: Lightning starts no epoch there.
+        self._count_from(trainer.global_step)
+
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Validation is not training time.
+        self._count_from(trainer.global_step)  # validation is not training time
+
+    def _count_from(self, step: int) -> None:
         self._since_time = time.monotonic()
-        self._since_step = trainer.global_step
+        self._since_step = step
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         step = trainer.global_step  # this batch's optimizer step included

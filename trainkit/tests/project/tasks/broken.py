@@ -46,3 +46,11 @@ class KeepsNumpyNumbers(Regressor):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["target_scale"] = np.float64(2.5)
+
+
+class MultipliesTheWrongShapes(Regressor):
+    """A training step with a matrix one row too many for the features: an error deep in the model's own code."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        features, _ = batch
+        return (features @ torch.ones(features.shape[1] + 1, 1)).mean()
