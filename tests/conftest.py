@@ -67,13 +67,14 @@ def projects(cookies_session) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def temporary_files_of_this_session() -> Iterator[None]:
+def temporary_files_of_this_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Every temporary file of the tests and of the commands they run goes to one folder, removed at the end.
 
     Left in the system's: cookiecutter's script for each hook (never deleted; hundreds of projects are
     generated here), torchrun's log folder (never deleted), and the temporary files and sockets of processes a
     drill kills. A short path, because wandb's sockets live there.
     """
+    tmp_path_factory.getbasetemp()  # pytest's own folder stays in the system's, kept for a look after a failure
     folder = tempfile.mkdtemp(prefix="template-tests-")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TMPDIR", folder)

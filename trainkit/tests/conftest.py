@@ -20,13 +20,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 
 @pytest.fixture(scope="session", autouse=True)
-def temporary_files_of_this_session() -> Iterator[None]:
+def temporary_files_of_this_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Every temporary file of the tests and of the runs they start goes to one folder, removed at the end.
 
     Left in the system's: torchrun's log folder (never deleted), and the temporary files and sockets of the
     processes a drill kills or ends with `os._exit` (wandb's, multiprocessing's). A short path, because wandb's
     sockets live there.
     """
+    tmp_path_factory.getbasetemp()  # pytest's own folder stays in the system's, kept for a look after a failure
     folder = tempfile.mkdtemp(prefix="trainkit-tests-")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TMPDIR", folder)

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -10,17 +11,20 @@ import pytest
 import torch
 import yaml
 from jsonargparse import Namespace
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.strategies import StrategyRegistry
+from torch import Tensor
+from torch.utils.data import DataLoader
 
 from trainkit.checkpoints.fit import stopped_early
-from trainkit.cli import DEFAULTS
+from trainkit.cli import DEFAULTS, ProjectCLI
 from trainkit.cluster.settings import ClusterSettings
 from trainkit.strategies.ddp import WatchedDDPStrategy
 from trainkit.strategies.timeouts import use_timeouts_for_ddp, watch_ddp_configured_by_class
 from trainkit.testing.configs import print_config
 from trainkit.testing.runs import signal_at
+from trainkit.testing.tiny import TinyDataModule
 from trainkit.tracking.record import config_changes
 
 from .helpers import PROJECT_ROOT, clean_env, quick_run_args, quick_trainer_args, run_train
@@ -99,6 +103,8 @@ def test_a_runs_saved_config_starts_a_new_run_in_another_directory(experiment, t
     # `--config runs/x/config.yaml` with another run directory: the same settings, a run of its own.
     first, second = tmp_path / "first", tmp_path / "second"
     assert run_train("fit", *quick_run_args(experiment, first)).returncode == 0
+    for stage in ("test", "predict"):  # they read the run: its config.yaml stays the one fit trained with
+        assert run_train(stage, *quick_run_args(experiment, first), "--ckpt_path", "last").returncode == 0
 
     def written(run: Path) -> dict[Path, int]:  # what a run writes itself (wandb's service may still write after it)
         return {path: path.stat().st_mtime_ns for path in [run / "config.yaml", *(run / "checkpoints").iterdir()]}
@@ -223,6 +229,47 @@ def test_a_model_or_data_module_of_another_class_starts_from_its_own_defaults(ex
     (tmp_path / "experiment.yaml").write_text("model: model/sharded.yaml\n")  # a config naming a config of its own
     model, _ = model_and_data("--model.hidden", "48", "--config", str(tmp_path / "experiment.yaml"))
     assert (model["class_path"], model["init_args"]["hidden"], model["init_args"]["lr"]) == (sharded, 32, 0.5)
+
+
+class ClassesCountedInSetup(LightningDataModule):
+    """Counts its classes in `setup`, as a data module that reads its labels there: too late to be passed on."""
+
+    in_channels = TinyDataModule.in_channels
+
+    def setup(self, stage: str) -> None:
+        self.num_classes = TinyDataModule.num_classes
+        self.tiny = TinyDataModule()
+        self.tiny.setup(stage)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.tiny.train_dataloader()
+
+    def val_dataloader(self) -> DataLoader:
+        return self.tiny.val_dataloader()
+
+    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
+        return self.tiny.on_after_batch_transfer(batch, dataloader_idx)
+
+
+def test_a_model_argument_the_data_module_does_not_give_is_said_once(experiment, tmp_path):
+    args = ["fit", "--config", str(experiment), "--trainer.fast_dev_run", "true", "--trainer.accelerator", "cpu",
+            "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+
+    def said(run: str, *more: str) -> list[str]:  # each in a run directory of its own: this process keeps its lock
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ProjectCLI(LightningModule, None, subclass_mode_model=True, subclass_mode_data=True,
+                       args=[*args, "--trainer.default_root_dir", str(tmp_path / run), *more])  # fmt: skip
+        return [str(warning.message) for warning in caught if "once built" in str(warning.message)]
+
+    setup_only = ("--data", f"{__name__}.ClassesCountedInSetup")
+    assert said("setup only", *setup_only) == [
+        "model.num_classes is its default, 4: ClassesCountedInSetup has no num_classes once built. Set"
+        " self.num_classes in its __init__ to pass it on (one set in setup comes too late), or set model.num_classes"
+        " in the model's config."
+    ]
+    assert said("tiny data") == []  # the tests' own data module gives both
+    assert said("set by hand", *setup_only, "--model.num_classes", "5") == []
 
 
 def test_a_model_that_does_not_log_the_monitored_metric_trains_to_the_end_saving_last_every_epoch(experiment, tmp_path):

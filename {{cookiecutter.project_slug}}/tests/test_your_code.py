@@ -6,7 +6,6 @@ import pytest
 from trainkit.testing.contract import YourCodeContract
 
 from .conftest import PROJECT_ROOT
-from .example.fake_mnist import write_fake_mnist
 
 
 class TestTheExperiment(YourCodeContract):
@@ -17,6 +16,8 @@ class TestTheExperiment(YourCodeContract):
     # Once the experiment names your data: point this at a small sample of it, or delete it where the data is at hand.
     @classmethod
     def prepare(cls, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
+        from .example.fake_mnist import write_fake_mnist  # here, so that deleting this method leaves no trace of it
+
         digits = write_fake_mnist(tmp_path_factory.mktemp("mnist"))
         # Batches of 32: 8 steps in each quick epoch on 2 processes too, so that the drills can stop mid-epoch.
         return ("--data.data_dir", str(digits), "--data.download", "false", "--data.batch_size", "32")

@@ -5,6 +5,7 @@ so this module never imports the researcher's code. Everything a run writes goes
 `trainer.default_root_dir`: checkpoints in `checkpoints/`, the logger's files and `config.yaml`.
 """
 
+import inspect
 import logging
 import os
 import sys
@@ -16,10 +17,10 @@ import torch.distributed as dist
 from jsonargparse import ArgumentError, Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainkit.checkpoints.best import BestCheckpointSettings, add_best_checkpoint
@@ -146,6 +147,11 @@ class ProjectCLI(LightningCLI):
                     if self.store is not None:  # a job on a fresh disk logs to the same wandb run
                         logger.init_args.id = keep_run_id_in_store(self.store, checkpoint_dir(config.trainer))
 
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        if self.datamodule is not None:
+            say_what_the_data_module_did_not_give(self.model, self.datamodule, self._get(self.config, "model"))
+
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self.config_init[self.subcommand]
         plugins = list(configured(config.trainer.plugins))
@@ -218,6 +224,19 @@ class ProjectCLI(LightningCLI):
         if chosen == "best":
             chosen = trainer.checkpoint_callback.best_model_path
         return None if chosen in (None, *CHECKPOINT_ALIASES) or "://" in chosen else Path(chosen)
+
+
+def say_what_the_data_module_did_not_give(model: LightningModule, data: LightningDataModule, config: Namespace) -> None:
+    """One line for each argument of FROM_DATA_TO_MODEL that the model left at its default because the built data
+    module has no attribute of that name: one set in `setup` comes too late to be passed on."""
+    parameters = inspect.signature(type(model).__init__).parameters
+    for name in FROM_DATA_TO_MODEL:
+        if name in parameters and not hasattr(data, name) and config.init_args.get(name) == parameters[name].default:
+            rank_zero_warn(
+                f"model.{name} is its default, {parameters[name].default!r}: {type(data).__name__} has no {name} once"
+                f" built. Set self.{name} in its __init__ to pass it on (one set in setup comes too late), or set"
+                f" model.{name} in the model's config."
+            )
 
 
 def checked_store(settings: CheckpointStoreSettings, writable: bool) -> ObjectStore | None:

@@ -14,7 +14,7 @@ from trainkit.checkpoints.provenance import KEY, collect_provenance
 
 
 class SaveRunRecord(SaveConfigCallback):
-    """Save the resolved config as `<default_root_dir>/config.yaml` (replacing an earlier run's), give the
+    """Save the resolved config of a fit as `<default_root_dir>/config.yaml` (replacing an earlier run's), give the
     logger the run's provenance (checkpoints/provenance.py: the config, the git commit, versions, the cluster setup),
     and put that provenance in every checkpoint the run saves. A fit that resumes from a checkpoint trained with
     another config says what differs: the optimizer's state, its learning rate among it, comes from the checkpoint."""
@@ -24,12 +24,13 @@ class SaveRunRecord(SaveConfigCallback):
         self.provenance: dict[str, Any] | None = None  # on the first process only: only it writes checkpoints
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        path = Path(trainer.default_root_dir, self.config_filename)
-        path.parent.mkdir(parents=True, exist_ok=True)
         # One self-contained file: saved apart, composed configs such as model/x.yaml and data/x.yaml
         # would overwrite each other next to it. Dumped once (it checks the whole config each time).
         config_yaml = self.parser.dump(self.config, skip_none=False)
-        path.write_text(config_yaml)
+        if stage == TrainerFn.FITTING:  # validate, test and predict read a run: its config is the one fit trained with
+            path = Path(trainer.default_root_dir, self.config_filename)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(config_yaml)
         self.provenance = collect_provenance(trainer, config_yaml)
         record = {**self.provenance, "config": yaml.safe_load(config_yaml)}
         for logger in trainer.loggers:
