@@ -31,15 +31,10 @@ class PlainProgress(Callback):
         self._validation_names: set[str] = set()
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # A run resumed mid-epoch starts counting at its checkpoint's step: Lightning starts no epoch there.
-        self._count_from(trainer.global_step)
-
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._count_from(trainer.global_step)  # validation is not training time
-
-    def _count_from(self, step: int) -> None:
+        # From the checkpoint's step in a resumed run. Then over every step since the last line, across epochs:
+        # validation's time is taken out as it ends (below).
         self._since_time = time.monotonic()
-        self._since_step = step
+        self._since_step = trainer.global_step
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         step = trainer.global_step  # this batch's optimizer step included
