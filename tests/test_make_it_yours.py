@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from litdata import StreamingDataset
 from PIL import Image
 
@@ -256,8 +257,14 @@ def deleted_by_step_5(project: Path) -> list[Path]:
     readme = (project / "README.md").read_text()
     step = re.search(r"^5\. \*\*Delete the example\*\*(.*?)\n\n", readme, re.MULTILINE | re.DOTALL).group(1)
     package = project / "src" / project.name.replace("-", "_")
-    named = re.findall(r"`([^`]+)`", step.split(". The tests in")[0])
+    named = re.findall(r"`([^`]+)`", step.split(". Add tests of your own")[0])
     return [(package if name.startswith(("models/", "data/")) else project) / name for name in named]
+
+
+def rewrite_the_sweep(project: Path, parameters: dict) -> None:
+    """README step 4: configs/sweep.yaml's parameters, which name the example model's options, rewritten."""
+    sweep = project / "configs" / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({**yaml.safe_load(sweep.read_text()), "parameters": parameters}, sort_keys=False))
 
 
 def test_the_projects_tests_pass_once_the_example_is_deleted(cookies_session, image_folder):
@@ -271,6 +278,8 @@ def test_the_projects_tests_pass_once_the_example_is_deleted(cookies_session, im
     text = text.replace("model: model/image_classifier.yaml", "model: model/tiny_resnet.yaml")
     text = text.replace("data: data/mnist.yaml", "data: data/image_folder.yaml")
     experiment.write_text(text.replace("default_root_dir: runs/experiment", "default_root_dir: runs/tiny_resnet"))
+    rewrite_the_sweep(project, {"model.lr": {"distribution": "log_uniform_values", "min": 0.001, "max": 0.01},
+                                "model.width": {"values": [8, 16, 32]}})  # fmt: skip
 
     deleted = deleted_by_step_5(project)  # step 5
     assert {path.name for path in deleted} >= {"image_classifier.py", "mnist.py", "image_classifier.yaml", "example"}
@@ -302,5 +311,5 @@ def test_the_projects_tests_pass_once_the_example_is_deleted(cookies_session, im
     # on top of it, and the model and data the experiment names through the kit's guarantees.
     configs = [path for path in (project / "configs").rglob("*.yaml")
                if path.name not in ("experiment.yaml", "sweep.yaml")]  # fmt: skip
-    assert project_tests("tests/test_configs.py") == 1 + len(configs)
+    assert project_tests("tests/test_configs.py") == 2 + len(configs)  # and one draw of the sweep's parameters
     assert project_tests("tests/test_your_code.py") == 5  # the fast contract's six but predict, the example's alone

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .conftest import TEMPLATE
 from .launch_runs import launch_environment
-from .test_make_it_yours import deleted_by_step_5, project_command
+from .test_make_it_yours import deleted_by_step_5, project_command, rewrite_the_sweep
 
 PAIR = TEMPLATE / "trainkit" / "tests" / "project" / "tasks" / "char_lm.py"
 OWN_SAMPLE = """
@@ -58,6 +58,8 @@ def test_make_it_yours_for_a_language_model_leaves_every_test_passing(cookies_se
         assert example in text, f"the README's step 4 names {example}, which configs/experiment.yaml does not have"
         text = text.replace(example, own)
     experiment.write_text(text)
+    rewrite_the_sweep(project, {"model.lr": {"distribution": "log_uniform_values", "min": 0.001, "max": 0.01},
+                                "model.dropout": {"min": 0.0, "max": 0.3}})  # fmt: skip
 
     for path in deleted_by_step_5(project):  # step 5
         shutil.rmtree(path) if path.is_dir() else path.unlink()
