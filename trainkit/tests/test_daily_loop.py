@@ -95,7 +95,7 @@ def test_ckpt_path_best_finds_the_best_checkpoint_of_an_earlier_fit(experiment, 
     assert tested.returncode == 0, tested.stderr[-3000:]
     restored = f"Restoring states from the checkpoint path at {moved.resolve() / 'checkpoints' / best.name}"
     assert restored in tested.stdout + tested.stderr
-    assert "multiple `ModelCheckpoint`" not in tested.stderr  # Lightning's warning: the kit's best is the first
+    assert "multiple `ModelCheckpoint`" not in tested.stderr  # Lightning's warning, were it given "best"
 
 
 def test_output_to_a_file_gets_log_lines_not_a_progress_bar(experiment, tmp_path):

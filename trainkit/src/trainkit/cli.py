@@ -212,8 +212,10 @@ class ProjectCLI(LightningCLI):
                 )
                 self.config_init[self.subcommand]["ckpt_path"] = str(own)
         if config.get("ckpt_path") == "best":
-            # Lightning finds it only after a fit in this process; with a store, on a fresh disk too.
+            # Lightning finds it only after a fit in this process; with a store, on a fresh disk too. Handed over as
+            # the file it is, as "last" is above: Lightning would warn that several callbacks could name a best.
             find_best_checkpoint(trainer.checkpoint_callback, self.store)
+            self.config_init[self.subcommand]["ckpt_path"] = trainer.checkpoint_callback.best_model_path
         refuse_sharded_without_strategy(self._chosen_checkpoint(trainer), isinstance(trainer.strategy, ShardedStrategy))
         # The processes Lightning starts on this node stop with this one, whatever it is doing (run/stopping.py).
         stop_with_this_process(lambda: getattr(trainer.strategy.launcher, "procs", []))
@@ -221,8 +223,6 @@ class ProjectCLI(LightningCLI):
 
     def _chosen_checkpoint(self, trainer: Trainer) -> Path | None:
         chosen = self.config_init[self.subcommand].get("ckpt_path")
-        if chosen == "best":
-            chosen = trainer.checkpoint_callback.best_model_path
         return None if chosen in (None, *CHECKPOINT_ALIASES) or "://" in chosen else Path(chosen)
 
 

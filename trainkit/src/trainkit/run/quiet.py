@@ -28,6 +28,3 @@ def quiet_library_noise() -> None:
     # Lightning's own call of a torch API that torch 2.10 deprecated: nothing a project can change.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     leave_out_lightning_lines("💡 Tip:")  # an advertisement for Lightning's hosted logger
-    # `--ckpt_path best` with the kit's several checkpoint callbacks: Lightning takes the first one's best, which
-    # is the best checkpoint's callback (checkpoints/best.py puts it first, and the command line finds its file).
-    warnings.filterwarnings("ignore", message=r".*is called with Trainer configured with multiple `ModelCheckpoint`")
