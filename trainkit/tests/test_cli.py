@@ -45,7 +45,8 @@ def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(experimen
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Restoring states from the checkpoint" in second.stdout + second.stderr
     last = run_dir / "checkpoints" / "last.ckpt"
-    assert resume_lines(second) == [f"resume: {last} was trained with another config: model.init_args.lr 0.05"
+    assert resume_lines(second) == [f"resume: going on from {last}, saved at step 4 with 1 epoch finished",
+                                    f"resume: {last} was trained with another config: model.init_args.lr 0.05"
                                     " (was 0.01), trainer.max_epochs 2 (was 1)"], second.stderr[-3000:]  # fmt: skip
 
     # The same command once more: a run that has ended, nothing left to train.

@@ -64,6 +64,13 @@ class RefuseCheckpointsThatDoNotFit(Callback):
                 " no longer improving; nothing is left to train. Leave EarlyStopping out to train on, or start a"
                 " new run in another directory (--trainer.default_root_dir)"
             )
+            return
+        # Lightning says only which file it restores; where in the run that file is tells the researcher what is left.
+        epochs_done, step = epochs_and_step(checkpoint)
+        rank_zero_info(
+            f"resume: going on from {trainer.ckpt_path}, saved at step {step} with {epochs_done} epoch"
+            f"{'' if epochs_done == 1 else 's'} finished"
+        )
 
 
 def ended_at(checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int) -> tuple[str, str] | None:
