@@ -363,6 +363,21 @@ def test_lightnings_names_for_ddp_and_fsdp_keep_the_clusters_timeouts():
         assert StrategyRegistry.get(name)._timeout == timedelta(seconds=30), name
 
 
+def test_lightnings_ddp_configured_by_its_class_keeps_the_clusters_timeouts(experiment, tmp_path):
+    """With arguments of its own (as configs set find_unused_parameters, static_graph, ...) Lightning's DDPStrategy
+    would wait 30 minutes for a lost node: it becomes the kit's, whose stalled-node drills run "ddp" by name."""
+    cli = ProjectCLI(LightningModule, None, subclass_mode_model=True, subclass_mode_data=True, args=[
+        "fit", "--config", str(experiment), "--trainer.fast_dev_run", "true", "--trainer.accelerator", "cpu",
+        "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(tmp_path), "--trainer.strategy", "DDPStrategy",
+        "--trainer.strategy.gradient_as_bucket_view", "true", "--cluster.timeout", "0:00:20",
+        "--cluster.join_timeout", "0:00:40"])  # fmt: skip
+    strategy = cli.trainer.strategy
+    assert isinstance(strategy, WatchedDDPStrategy), type(strategy)
+    assert (strategy._timeout, strategy.join_timeout) == (timedelta(seconds=20), timedelta(seconds=40))
+    assert strategy._ddp_kwargs["gradient_as_bucket_view"] is True
+
+
 def test_a_callback_added_or_left_out_on_resume_is_named_once():
     def config(*callbacks: dict) -> dict:
         return {"trainer": {"max_epochs": 2, "callbacks": list(callbacks)}, "model": {"init_args": {"lr": 0.01}}}

@@ -87,8 +87,12 @@ def logs_of(tmp_path: Path) -> str:
                      for index in range(2))  # fmt: skip
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("aborted", [3, 2], ids=["second-process", "first-process"])
+# A node's first process (global rank 2) started the other under Lightning's launcher, the same on SING and POD;
+# under torchrun its agent started both.
+@pytest.mark.parametrize(
+    ("platform", "aborted"), [*((platform, 3) for platform in PLATFORMS), ("SING", 2), ("torchrun", 2)],
+    ids=[*(f"second-process-{platform}" for platform in PLATFORMS), "first-process-SING", "first-process-torchrun"],
+)  # fmt: skip
 def test_an_aborted_process_ends_every_node_with_75(platform, aborted, experiment, tmp_path):
     nodes, marker = start_job(platform, experiment, tmp_path)
     os.kill(pid_of(marker, aborted), signal.SIGABRT)  # as NCCL's watchdog ends a process
@@ -99,17 +103,10 @@ def test_an_aborted_process_ends_every_node_with_75(platform, aborted, experimen
     assert error_line(platform, 1, logs[1]), logs_of(tmp_path)
 
 
-# Lightning's DDPStrategy by its class, with arguments (as configs set find_unused_parameters, static_graph, ...),
-# not "ddp" by name: it gets cluster.timeout too (Lightning's own waits 30 minutes).
-BY_CLASS = ("--trainer.strategy", "DDPStrategy", "--trainer.strategy.gradient_as_bucket_view", "true")
-
-
-@pytest.mark.parametrize(
-    ("platform", "strategy"), [*((platform, ()) for platform in PLATFORMS), ("SING", BY_CLASS)],
-    ids=[*PLATFORMS, "SING-DDPStrategy-by-class"],
-)  # fmt: skip
-def test_a_stalled_node_ends_the_others_with_75_within_the_timeout(platform, strategy, experiment, tmp_path):
-    nodes, _ = start_job(platform, experiment, tmp_path, *strategy)
+# Lightning's DDPStrategy configured by its class gets the same strategy and timeouts as "ddp" by name (test_cli.py).
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_a_stalled_node_ends_the_others_with_75_within_the_timeout(platform, experiment, tmp_path):
+    nodes, _ = start_job(platform, experiment, tmp_path)
     # Every training process of node 1 freezes, its connections open; torchrun's agent goes on, as it
     # would beside a hung GPU driver.
     tree = process_tree(nodes[1].pid)

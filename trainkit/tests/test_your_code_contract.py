@@ -19,20 +19,29 @@ sys.path.insert(0, str(PROJECT_ROOT))  # the pairs' modules (project/tasks/), as
 EXPERIMENT = ("--config", "configs/experiment.yaml")  # the tests' experiment: it monitors val/acc
 
 
-class TestACharacterLanguageModelOnTextFiles(YourCodeContract):
+class DrilledOnTwoProcesses(YourCodeContract):
+    """The contract with its drill on 2 processes only, which runs every step of the 1-process one and DDP besides: the
+    kit's own drills resume the tiny pair each way on 1 process, and a project's `pytest -m drills` runs both."""
+
+    @pytest.mark.drills
+    def test_sigterm_at_an_epochs_end_then_mid_epoch_then_the_same_command_trains_the_same_weights(self, tmp_path):
+        self.drill(tmp_path, "--trainer.devices", "2")
+
+
+class TestACharacterLanguageModelOnTextFiles(DrilledOnTwoProcesses):
     project = PROJECT_ROOT
     args = (*EXPERIMENT, "--model", "tasks.char_lm.CharLanguageModel", "--data", "tasks.char_lm.TextFiles",
             "--data.root", str(KIT_ROOT / "docs"), "--best_checkpoint.monitor", "val/loss")  # fmt: skip
 
 
-class TestARegressionOnATable(YourCodeContract):
+class TestARegressionOnATable(DrilledOnTwoProcesses):
     project = PROJECT_ROOT
     # Batch norm synchronised over the processes, as on GPUs (torch's SyncBatchNorm runs on GPUs only).
     args = (*EXPERIMENT, "--model", "tasks.regression.Regressor", "--data", "tasks.regression.Table",
             "--best_checkpoint.monitor", "val_loss", "--trainer.sync_batchnorm", "true")  # fmt: skip
 
 
-class TestAGANWithTwoOptimizersAndNoiseInValidation(YourCodeContract):
+class TestAGANWithTwoOptimizersAndNoiseInValidation(DrilledOnTwoProcesses):
     project = PROJECT_ROOT
     # Each optimizer's step leaves the other network out of its loss: DDP must look for unused parameters.
     args = (*EXPERIMENT, "--model", "tasks.gan.GAN", "--data", "tasks.gan.Ring",
@@ -40,7 +49,7 @@ class TestAGANWithTwoOptimizersAndNoiseInValidation(YourCodeContract):
             "--trainer.strategy", "ddp_find_unused_parameters_true")  # fmt: skip
 
 
-class TestLightningsDemoModelWithLoadersOfItsOwn(YourCodeContract):
+class TestLightningsDemoModelWithLoadersOfItsOwn(DrilledOnTwoProcesses):
     project = PROJECT_ROOT
     args = (*EXPERIMENT, "--model", "lightning.pytorch.demos.boring_classes.BoringModel", "--data", "null",
             "--best_checkpoint.monitor", "null")  # fmt: skip
