@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainkit.testing.contract import YourCodeContract
+from trainkit.run.replaced_classes import replace_whole
+from trainkit.testing.contract import YourCodeContract, raised_in
 
 from .conftest import KIT_ROOT
 from .helpers import PROJECT_ROOT, clean_env
@@ -170,3 +171,16 @@ def test_the_drill_resumes_a_language_model_on_lines_batched_by_length_to_the_sa
 
     LinesPair.run_args = LinesPair.args
     LinesPair().drill(tmp_path, "--trainer.devices", "2")
+
+
+def test_an_error_raised_in_the_kit_a_project_carries_is_placed_in_the_researchers_code():
+    """A project carries the kit in its own folder (src/trainkit); a frame there is not the researcher's. Here the kit's
+    folder stands for such a project, and this file for the researcher's code."""
+
+    def researchers_step() -> None:
+        replace_whole(None)  # raises in the kit
+
+    with pytest.raises(TypeError) as raised:
+        researchers_step()
+    function, where = raised_in(raised.value, KIT_ROOT)
+    assert function.endswith("researchers_step") and where.startswith("tests/test_your_code_contract.py:"), where

@@ -305,7 +305,7 @@ def defines(model: LightningModule, data: LightningDataModule | None, stage: str
 def raised_in(error: Exception, project: Path) -> tuple[str, str]:
     """The function (with its class) and the file:line where `error` was raised: in the project's code if it was."""
     frames = list(traceback.walk_tb(error.__traceback__))
-    ours = [(frame, line) for frame, line in frames if Path(frame.f_code.co_filename).is_relative_to(project)]
+    ours = [(frame, line) for frame, line in frames if researchers_file(Path(frame.f_code.co_filename), project)]
     frame, line = (ours or frames)[-1]
     owner = frame.f_locals.get("self")
     function = f"{type(owner).__name__}.{frame.f_code.co_name}" if owner is not None else frame.f_code.co_name
@@ -346,6 +346,11 @@ def raised_in_output(lines: list[str], project: Path) -> str | None:
         if frame is None:
             continue
         path = project / frame["file"]  # a file named relative to the run's folder, the project, is in it
-        if path.is_relative_to(project) and path != project / "train.py" and not path.is_relative_to(KIT):
+        if researchers_file(path, project):
             return f"in {frame['function']}, {path.relative_to(project)}:{frame['line']}"
     return None
+
+
+def researchers_file(path: Path, project: Path) -> bool:
+    """Whether `path` is the researcher's code: in the project, and neither its train.py nor the kit it carries."""
+    return path.is_relative_to(project) and path != project / "train.py" and not path.resolve().is_relative_to(KIT)
