@@ -145,6 +145,10 @@ def main() -> None:
     if loop.rank == 0:
         clock.write(args.out)
     if dist.is_initialized():
+        # Torn down together, and the DDP model (which holds the group) first: a process that destroyed the group
+        # while another still wrote its figures, or with the model still alive, was once ended by std::terminate.
+        dist.barrier()
+        del loop
         dist.destroy_process_group()
 
 
