@@ -12,7 +12,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from unittest.mock import patch
 
 from cookiecutter.main import cookiecutter
 
@@ -24,7 +26,10 @@ MIN_ACCURACY = 0.95
 
 def generate(out_dir: Path) -> Path:
     """The default project in OUT_DIR, installed into this Python environment."""
-    project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(out_dir), overwrite_if_exists=True))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # cookiecutter leaves a copy of each hook it ran in the temporary folder: here, one removed afterwards.
+    with tempfile.TemporaryDirectory(dir=out_dir) as scratch, patch.object(tempfile, "tempdir", scratch):
+        project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(out_dir), overwrite_if_exists=True))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-e", str(project)], check=True)
     return project
 
