@@ -13,7 +13,7 @@ from trainkit.testing.tiny import IMAGE_SIZE, TinyDataModule
 from trainkit.testing.training_samples import recorded, sample_ids
 
 from .conftest import streaming_run_args
-from .helpers import run_chunks, run_train
+from .helpers import clean_env, run_chunks, run_train
 from .project.tasks.regression import Table
 
 
@@ -38,6 +38,17 @@ def test_chunks_hold_the_same_splits_as_the_in_memory_path(tiny_chunks):
     assert sorted(streamed) == sorted(sample_ids(training_images(tiny_chunks)))  # PNG round trip
     data.setup("test")
     assert len(data.test_set) == 160
+
+
+def test_converting_leaves_nothing_in_the_temporary_folder(experiment, tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = tmp_path / "chunks"
+    result = run_chunks("--config", str(experiment), "--splits", "[train]", "--out", str(out), "--workers", "1",
+                        env=clean_env(TMPDIR=str(scratch)))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(path.name for path in out.iterdir()) == ["info", "train"]
+    assert list(scratch.iterdir()) == []  # litdata's working folders are made there unless told otherwise
 
 
 def test_the_normalisation_copies_its_statistics_to_the_device_once(tiny_chunks, monkeypatch):

@@ -17,7 +17,11 @@ object store (`s3://...`, `gs://...`).
 
 import io
 import json
+import os
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -150,6 +154,23 @@ class EncodedSamples:
         return {"image": png.getvalue(), "label": label}
 
 
+@contextmanager
+def scratch_folders_of_its_own() -> Iterator[None]:
+    """litdata's working folders (chunks before they are moved, downloaded inputs) in one temporary folder,
+    removed afterwards: by default litdata makes them in the system's temporary folder and leaves them there."""
+    folders = {"DATA_OPTIMIZER_CACHE_FOLDER": "chunks", "DATA_OPTIMIZER_DATA_CACHE_FOLDER": "data"}
+    if any(variable in os.environ for variable in folders):  # the user chose where they go
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="trainkit-chunks-") as scratch:
+        os.environ.update({variable: os.path.join(scratch, folder) for variable, folder in folders.items()})
+        try:
+            yield
+        finally:
+            for variable in folders:
+                del os.environ[variable]
+
+
 def convert(data: LightningDataModule, out: str, splits: list[str], shuffle_seed: int = 0, chunk_bytes: str = "64MB",
             workers: int | None = None) -> None:  # fmt: skip
     optimize = require("litdata", "converting to chunks").optimize
@@ -158,14 +179,15 @@ def convert(data: LightningDataModule, out: str, splits: list[str], shuffle_seed
     info = facts(data, found)
     # Forked workers start at once; spawned ones (litdata's default) import torch and the data module's code again.
     options = {"mode": "overwrite", "start_method": "fork" if sys.platform == "linux" else None}
-    for split, dataset in found.items():
-        order = list(range(len(dataset)))
-        if split == "train":  # a random order: litdata shuffles chunks and samples within a few chunks only
-            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
-        optimize(EncodedSamples(dataset), order, f"{out}/{split}", chunk_bytes=chunk_bytes, num_workers=workers,
-                 **options)  # fmt: skip
-    # A dataset of one sample, so that litdata writes (and reads) it wherever the chunks are.
-    optimize(json.dumps, [info], f"{out}/info", chunk_size=1, num_workers=1, **options)
+    with scratch_folders_of_its_own():  # forked workers inherit the variables
+        for split, dataset in found.items():
+            order = list(range(len(dataset)))
+            if split == "train":  # a random order: litdata shuffles chunks and samples within a few chunks only
+                order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
+            optimize(EncodedSamples(dataset), order, f"{out}/{split}", chunk_bytes=chunk_bytes, num_workers=workers,
+                     **options)  # fmt: skip
+        # A dataset of one sample, so that litdata writes (and reads) it wherever the chunks are.
+        optimize(json.dumps, [info], f"{out}/info", chunk_size=1, num_workers=1, **options)
 
 
 def main(args: list[str] | None = None) -> None:
