@@ -104,14 +104,35 @@ MATMUL_LINE = next(number for number, line in enumerate((PROJECT_ROOT / "tasks" 
 def test_a_broken_pair_fails_one_test_in_one_line_naming_the_problem(tmp_path: Path, model, data, monitor, failing,
                                                                       line):  # fmt: skip
     args = (*EXPERIMENT, "--model", model, "--data", data, "--best_checkpoint.monitor", monitor)
+    report = contract_report(tmp_path, args, "not drills")
+    failed = [row for row in report.splitlines() if row.startswith("FAILED")]
+    assert failed == [f"FAILED test_pair.py::TestBrokenPair::{failing} - AssertionError: {line}"], report[-4000:]
+
+
+@pytest.mark.drills
+def test_a_model_that_keeps_state_out_of_its_checkpoints_fails_the_drill_naming_the_likely_cause(tmp_path: Path):
+    args = (*EXPERIMENT, "--model", "tasks.broken.WarmsUpOnAPlainCounter", "--data", "tasks.regression.Table",
+            "--best_checkpoint.monitor", "val_loss")  # fmt: skip
+    report = contract_report(tmp_path, args, "drills", "-k", "1-process")
+    failed = [row for row in report.splitlines() if row.startswith("FAILED")]
+    assert len(failed) == 1 and failed[0].startswith(
+        "FAILED test_pair.py::TestBrokenPair::test_sigterm_at_an_epochs_end_then_mid_epoch_then_the_same_command_trains"
+        "_the_same_weights[1-process] - AssertionError: exact resume: after SIGTERM at steps 8 and 9 and the same"
+        " command again, the weights differ from an uninterrupted run's; training depends on state the checkpoint"
+        " does not keep: a plain attribute that changes as it trains"
+    ), report[-4000:]
+    assert "def drill" not in report, report[-4000:]  # the failure's message, not the drill's code
+
+
+def contract_report(tmp_path: Path, args: tuple[str, ...], marks: str, *options: str) -> str:
+    """What `pytest -m MARKS` prints for the contract on the pair of `args`, as a project runs it."""
     (tmp_path / "test_pair.py").write_text(BROKEN_PAIR.format(project=str(PROJECT_ROOT), args=args))
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", "-o", "markers=drills", "-m", "not drills",
-         "-rf", "test_pair.py"],
+        [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", "-o", "markers=drills", "-m", marks,
+         "-rf", *options, "test_pair.py"],
         cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    failed = [row for row in result.stdout.splitlines() if row.startswith("FAILED")]
-    assert failed == [f"FAILED test_pair.py::TestBrokenPair::{failing} - AssertionError: {line}"], result.stdout[-4000:]
+    return result.stdout
 
 
 @pytest.mark.drills

@@ -201,6 +201,7 @@ class YourCodeContract:
     ) -> list | None:
         """Two batches of `stage` (validate, test or predict) on the CPU from `ckpt`, predictions written to `out_dir`.
         An error of the model or data fails the test in one line: the error, where, and for a loader a likely why."""
+        __tracebackhide__ = True  # a failure shows the test's line and its message, not this code
         # Lightning asks for the callbacks that saved the checkpoint: what is evaluated here is the model's own.
         warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
         trainer = Trainer(
@@ -224,6 +225,7 @@ class YourCodeContract:
         """SIGTERM at the first epoch's last step, then in the middle of the second epoch, each ending the run with
         143, then the same command: the uninterrupted weights. A checkpoint of an epoch's last step is the one
         Lightning alone resumes wrong (checkpoints/epoch_end.py); the second stop is sent as a platform sends it."""
+        __tracebackhide__ = True  # a failure shows the test's line and its message, not this code
         whole = self.fit(tmp_path / "uninterrupted", *extra, wandb_mode="disabled")
         assert whole.returncode == 0, (
             f"training: train.py fit ended with exit {whole.returncode}: {why(whole, self.project)}"
@@ -320,6 +322,7 @@ def said_lines(run: Run, start: str) -> list[str]:
 
 def stopped_step(run: Run, project: Path) -> int:
     """The step at which SIGTERM stopped a run, from the line the preemption checkpoint logs."""
+    __tracebackhide__ = True  # a failure shows the test's line and its message, not this code
     said = said_lines(run, PREEMPTION_SAVED)
     assert said, f"preemption: the run said nothing like {PREEMPTION_SAVED!r}: {why(run, project)}"
     return int(re.search(r" at step (\d+)", said[0]).group(1))

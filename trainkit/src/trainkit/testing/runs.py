@@ -143,6 +143,7 @@ def start_train(project: Path, args: list[str], env: dict[str, str], log: Path) 
 
 def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 180) -> None:
     """Return once `path` exists; a test failure if the process ends first or `timeout` passes."""
+    __tracebackhide__ = True  # a failure shows the test's line and its message, not this code
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert process.poll() is None, f"exited with {process.returncode}:\n{log.read_text()[-4000:]}"
@@ -163,6 +164,7 @@ def training_pid(process: subprocess.Popen, timeout: float = 30) -> int:
 
 def exit_code(process: subprocess.Popen, timeout: float, hang: str) -> int:
     """The process's exit status; a test failure (after killing its whole group) if it runs past `timeout`."""
+    __tracebackhide__ = True  # a failure shows the test's line and its message, not this code
     try:
         return process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

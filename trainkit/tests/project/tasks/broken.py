@@ -54,3 +54,14 @@ class MultipliesTheWrongShapes(Regressor):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         features, _ = batch
         return (features @ torch.ones(features.shape[1] + 1, 1)).mean()
+
+
+class WarmsUpOnAPlainCounter(Regressor):
+    """A loss warmed up over the first steps by a counter kept in a plain attribute: a resumed run starts it over."""
+
+    warmup_steps = 20
+    steps_taken = 0
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.steps_taken += 1
+        return super().training_step(batch, batch_idx) * min(1.0, self.steps_taken / self.warmup_steps)
