@@ -85,6 +85,11 @@ def unknown_key(case: Case) -> tuple[list[str], list[str]]:
     return ["--model.hiden", "64"], ["model: ", "'hiden'"]
 
 
+def abbreviated_option(case: Case) -> tuple[list[str], list[str]]:
+    # argparse's default takes the start of an option for the option: a typo can set another one.
+    return ["--trainer.max_ep", "1"], ["unrecognized arguments", "--trainer.max_ep"]
+
+
 def unknown_key_in_yaml(case: Case) -> tuple[list[str], list[str]]:
     config = case.file("typo.yaml", "model:\n  hiden: 64\n")
     return ["--config", str(config)], [str(config), "'hiden'"]
@@ -182,7 +187,7 @@ def checkpoint_of_another_network(case: Case) -> tuple[list[str], list[str]]:
 
 
 CHECKED_BEFORE_ANYTHING_STARTS = [
-    unknown_key, unknown_key_in_yaml, wrong_type_in_yaml, missing_config_file, unknown_class_path,
+    unknown_key, abbreviated_option, unknown_key_in_yaml, wrong_type_in_yaml, missing_config_file, unknown_class_path,
     unknown_class_path_in_yaml, yaml_syntax_error, empty_yaml, batch_size_zero, dropout_above_one,
 ]  # fmt: skip
 CHECKED_WHEN_THE_RUN_STARTS = [

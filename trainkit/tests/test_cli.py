@@ -57,6 +57,25 @@ def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(experimen
                                    " run in another directory (--trainer.default_root_dir)"], third.stderr  # fmt: skip
 
 
+def test_a_sigterm_at_the_runs_last_step_leaves_last_ckpt_with_the_trained_weights(experiment, tmp_path):
+    # The run's 4th and last step, before its validation and its last.ckpt: the same command again trains nothing.
+    checkpoints, args = tmp_path / "run" / "checkpoints", ["fit", *quick_run_args(experiment, tmp_path / "run")]
+    stopped = run_train(*args, *signal_at(4))
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    preempted = torch.load(checkpoints / "preempted.ckpt", weights_only=True)
+    again = run_train(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert resume_lines(again)[0] == (
+        f"resume: {checkpoints / 'preempted.ckpt'} was saved at the run's last step (epoch 1 of trainer.max_epochs 1),"
+        " before its last epoch's end: nothing is left to train. last.ckpt now holds its weights; its last validation"
+        " did not run (`validate --ckpt_path last` runs it)"
+    )
+    last = torch.load(checkpoints / "last.ckpt", weights_only=True)  # Lightning alone left none, only preempted.ckpt,
+    assert last["global_step"] == preempted["global_step"] == 4  # which it deleted, with the run's last epoch in it
+    assert all(torch.equal(tensor, last["state_dict"][name]) for name, tensor in preempted["state_dict"].items())
+    assert not (checkpoints / "preempted.ckpt").exists()
+
+
 def resume_lines(result: subprocess.CompletedProcess) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.startswith("resume: ")]
 

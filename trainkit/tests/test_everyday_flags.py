@@ -56,12 +56,13 @@ def test_everyday_flag_trains_on_the_default_config(experiment, tmp_path, flag):
         assert list(run_dir.rglob("metrics.csv"))
 
 
-def test_without_checkpointing_a_rerun_starts_afresh(experiment, tmp_path):
-    # A rerun with checkpointing off ignores the checkpoints an earlier run left, and says so once.
+def test_a_rerun_told_not_to_resume_starts_afresh(experiment, tmp_path):
+    # With checkpointing off or `--ckpt_path null`, a rerun ignores the checkpoints an earlier run left.
     args = ["fit", *quick_run_args(experiment, tmp_path / "run")]
     assert run_train(*args).returncode == 0
-    rerun = run_train(*args, "--trainer.enable_checkpointing", "false")
-    output = rerun.stdout + rerun.stderr
-    assert rerun.returncode == 0, output[-4000:]
-    assert output.count(CHECKPOINTING_OFF) == 1
-    assert "Restoring states" not in output
+    for flag in (["--trainer.enable_checkpointing", "false"], ["--ckpt_path", "null"]):
+        rerun = run_train(*args, *flag)
+        output = rerun.stdout + rerun.stderr
+        assert rerun.returncode == 0, output[-4000:]
+        assert output.count(CHECKPOINTING_OFF) == (flag[0] == "--trainer.enable_checkpointing")  # said once
+        assert "Restoring states" not in output and "resume:" not in output, flag

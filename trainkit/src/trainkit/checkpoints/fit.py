@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from trainkit.checkpoints.epoch_end import saved_before_the_epochs_end
 from trainkit.run.errors import ConfigError
 
 
@@ -51,6 +52,13 @@ class RefuseCheckpointsThatDoNotFit(Callback):
         ended = ended_at(checkpoint, max_epochs, trainer.max_steps)
         if ended is not None:
             where, limit = ended
+            if saved_at_an_epochs_last_step(checkpoint):  # a SIGTERM at the run's last step
+                rank_zero_info(
+                    f"resume: {trainer.ckpt_path} was saved at the run's last step ({where}), before its last"
+                    " epoch's end: nothing is left to train. last.ckpt now holds its weights; its last validation did"
+                    " not run (`validate --ckpt_path last` runs it)"
+                )
+                return
             rank_zero_info(
                 f"resume: {trainer.ckpt_path} ended its run already, at {where}: nothing is left to train. Raise"
                 f" {limit} to train on, or start a new run in another directory (--trainer.default_root_dir)"
@@ -84,9 +92,18 @@ def ended_at(checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int)
 
 
 def epochs_and_step(checkpoint: dict[str, Any]) -> tuple[int, int]:
-    """How many epochs a checkpoint's run had finished, and its step."""
+    """How many epochs a checkpoint's run had finished (one saved at an epoch's last step, that epoch too: it resumes
+    as the epoch's end), and its step."""
     epochs = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
-    return epochs.get("processed", 0), checkpoint.get("global_step", 0)
+    return epochs.get("processed", 0) + saved_at_an_epochs_last_step(checkpoint), checkpoint.get("global_step", 0)
+
+
+def saved_at_an_epochs_last_step(checkpoint: dict[str, Any]) -> bool:
+    """Whether a checkpoint was saved right after an epoch's last step, before the epoch's validation and end."""
+    try:
+        return saved_before_the_epochs_end(checkpoint["loops"]["fit_loop"])
+    except (KeyError, TypeError):
+        return False
 
 
 def stopped_early(trainer: Trainer, checkpoint: dict[str, Any]) -> EarlyStopping | None:

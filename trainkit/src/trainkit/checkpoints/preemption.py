@@ -6,11 +6,12 @@ the newest of `last.ckpt` and `preempted.ckpt` in the checkpoint directory.
 
 import atexit
 import logging
+import os
 import time
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.trainer.states import TrainerFn
@@ -36,7 +37,7 @@ AGREE_EVERY_SECONDS = 0.5
 MOST_STEPS_BETWEEN_AGREEMENTS = 100  # bounds the delay when steps suddenly slow down
 
 
-class PreemptionCheckpoint(OnExceptionCheckpoint):
+class PreemptionCheckpoint(Checkpoint):
     """On SIGTERM or SIGINT, every process stops at the same step, saves one checkpoint and exits 143 or 130.
 
     Kubernetes, cloud platforms and Slurm send SIGTERM before they stop a job; Ctrl-C sends SIGINT.
@@ -59,8 +60,11 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
     """
 
     def __init__(self, dirpath: str | None = None, filename: str = "preempted") -> None:
-        # dirpath None: the command line puts it in the run's checkpoints/ directory.
-        super().__init__(dirpath or "checkpoints", filename)
+        # Not Lightning's OnExceptionCheckpoint, which saves after any error: with one among the callbacks, Lightning
+        # makes a fit with `ckpt_path: null` resume from the last checkpoint instead of starting afresh.
+        super().__init__()
+        self.dirpath = dirpath or "checkpoints"  # None: the command line puts it in the run's checkpoints/ directory
+        self.filename = filename
         # The exit status a signal asked for on any process (0: go on), and the slowest process's mean step (µs).
         self._stop = Agreement(size=2)
         self._between = 1  # steps from one agreement to the next: the same on every process
@@ -69,6 +73,10 @@ class PreemptionCheckpoint(OnExceptionCheckpoint):
         self._step_us = 0  # this process's mean step between the last two agreements
         self._optimizer_steps = OptimizerSteps()
         self._mid_accumulation = False  # the last batch added to gradients no step has applied yet
+
+    @property
+    def ckpt_path(self) -> str:
+        return os.path.join(self.dirpath, f"{self.filename}.ckpt")
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Every process, at the same point: the agreement may make the job's gloo group (a collective).

@@ -28,8 +28,9 @@ PREPARING = ("prepare_data", "setup")
 class OneLineErrorParser(LightningArgumentParser):
     """LightningCLI's parser, raising `ArgumentError` on bad settings; errors in a config file name the file."""
 
-    def __init__(self, *args, exit_on_error: bool = False, **kwargs) -> None:
-        super().__init__(*args, exit_on_error=exit_on_error, **kwargs)
+    def __init__(self, *args, exit_on_error: bool = False, allow_abbrev: bool = False, **kwargs) -> None:
+        # allow_abbrev: argparse takes `--trainer.max_ep` for `--trainer.max_epochs`, and a typo for another option.
+        super().__init__(*args, exit_on_error=exit_on_error, allow_abbrev=allow_abbrev, **kwargs)
 
     def parse_path(self, path: str | os.PathLike, *args, **kwargs) -> Namespace:
         try:
