@@ -3,6 +3,7 @@
 import json
 import math
 import signal
+import warnings
 from pathlib import Path
 
 import pytest
@@ -252,6 +253,55 @@ def test_loaders_with_an_order_of_their_own_are_left_as_they_are_in_one_line(loa
         f"exact resume: the training loader {reason}, so a resume mid-epoch starts the epoch over"
         ' (docs/data.md, "Which training loaders resume mid-epoch")'
     ]
+
+
+class StreamLoader(DataLoader):
+    """A loader of a stream that keeps its own state: how many batches it has handed out."""
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            self.handed_out += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"handed_out": self.handed_out}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.handed_out = state["handed_out"]
+
+
+class SizedStream(Stream):
+    def __len__(self) -> int:
+        return 16
+
+
+class KeepStates(Callback):
+    def __init__(self) -> None:
+        self.states: list[int] = []
+
+    def on_train_batch_end(self, trainer: Trainer, *args) -> None:  # where a checkpoint after the step would save
+        self.states.append(trainer.train_dataloader.state_dict()["handed_out"])
+
+
+@pytest.mark.parametrize("dataset", [Stream, SizedStream], ids=["no-length", "a-length"])
+def test_a_loader_that_keeps_its_own_state_with_no_length_is_said_to_skip_a_batch(dataset):
+    loader = StreamLoader(dataset(), batch_size=4)
+    loader.handed_out = 0
+    states = KeepStates()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        fit(TrainLoaders(loader), 1.0, None, states)
+    exact_resume = [str(warning.message) for warning in said if str(warning.message).startswith("exact resume")]
+    if dataset is Stream:  # Lightning fetched each next batch before the step: the state is one batch on
+        assert states.states == [2, 3, 4, 4]
+        assert exact_resume == ["exact resume: the training loader keeps its own state but has no length: Lightning"
+                                " fetches a batch ahead of the one it trains on (to tell which is the last), so a"
+                                " checkpoint keeps the loader's state one batch on, and a resume mid-epoch skips a"
+                                " batch. Give the dataset `__len__`"
+                                ' (docs/data.md, "Which training loaders resume mid-epoch")']  # fmt: skip
+    else:
+        assert states.states == [1, 2, 3, 4]
+        assert exact_resume == []
 
 
 class TrainsOnEach(TinyClassifier):

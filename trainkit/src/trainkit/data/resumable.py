@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
+from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls, sized_len
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 from lightning.pytorch.utilities.data import (
@@ -334,6 +334,13 @@ def resumable(loader: Any, trainer: Trainer, combined: str | None = None) -> Any
     `combined`: it is one of several that Lightning combines, in this mode (`resumable_training`).
     """
     if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
+        if sized_len(loader) is None:
+            rank_zero_warn(
+                "exact resume: the training loader keeps its own state but has no length: Lightning fetches a batch"
+                " ahead of the one it trains on (to tell which is the last), so a checkpoint keeps the loader's state"
+                " one batch on, and a resume mid-epoch skips a batch. Give the dataset `__len__`"
+                ' (docs/data.md, "Which training loaders resume mid-epoch")'
+            )
         return loader  # it resumes itself, and Lightning saves its state (torchdata's, litdata's)
     reason = not_resumable_because(loader)
     if reason is None and combined and has_own_batches(loader):
