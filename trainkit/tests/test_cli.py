@@ -49,31 +49,43 @@ def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(experimen
                                     f"resume: {last} was trained with another config: model.init_args.lr 0.05"
                                     " (was 0.01), trainer.max_epochs 2 (was 1)"], second.stderr[-3000:]  # fmt: skip
 
-    # The same command once more: a run that has ended, nothing left to train.
+    # The same command once more: a run that has ended, nothing left to train, and last.ckpt left as it was.
+    ended = last.read_bytes()
     third = run_train("fit", *quick_run_args(experiment, run_dir), *longer)
     assert third.returncode == 0, third.stderr[-3000:]
     assert resume_lines(third) == [f"resume: {last} ended its run already, at epoch 2 of trainer.max_epochs 2:"
                                    " nothing is left to train. Raise trainer.max_epochs to train on, or start a new"
                                    " run in another directory (--trainer.default_root_dir)"], third.stderr  # fmt: skip
+    assert last.read_bytes() == ended
 
 
-def test_a_sigterm_at_the_runs_last_step_leaves_last_ckpt_with_the_trained_weights(experiment, tmp_path):
+def test_a_sigterm_at_the_runs_last_step_keeps_its_end_for_a_longer_run_to_go_on_from_exactly(experiment, tmp_path):
     # The run's 4th and last step, before its validation and its last.ckpt: the same command again trains nothing.
     checkpoints, args = tmp_path / "run" / "checkpoints", ["fit", *quick_run_args(experiment, tmp_path / "run")]
     stopped = run_train(*args, *signal_at(4))
     assert stopped.returncode == 143, stopped.stderr[-3000:]
-    preempted = torch.load(checkpoints / "preempted.ckpt", weights_only=True)
+    preempted = checkpoints / "preempted.ckpt"
+    saved = preempted.read_bytes()
     again = run_train(*args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert resume_lines(again)[0] == (
-        f"resume: {checkpoints / 'preempted.ckpt'} was saved at the run's last step (epoch 1 of trainer.max_epochs 1),"
-        " before its last epoch's end: nothing is left to train. last.ckpt now holds its weights; its last validation"
-        " did not run (`validate --ckpt_path last` runs it)"
+        f"resume: {preempted} was saved at the run's last step (epoch 1 of trainer.max_epochs 1), before its last"
+        " epoch's end: nothing is left to train. It stays, the run's newest checkpoint (`--ckpt_path last` finds it);"
+        " its last validation did not run (`validate --ckpt_path last` runs it)"
     )
-    last = torch.load(checkpoints / "last.ckpt", weights_only=True)  # Lightning alone left none, only preempted.ckpt,
-    assert last["global_step"] == preempted["global_step"] == 4  # which it deleted, with the run's last epoch in it
-    assert all(torch.equal(tensor, last["state_dict"][name]) for name, tensor in preempted["state_dict"].items())
-    assert not (checkpoints / "preempted.ckpt").exists()
+    assert preempted.read_bytes() == saved  # Lightning alone deleted it, and the run's only epoch with it
+
+    # Trained on for another epoch from it: the weights of a run never stopped.
+    longer = run_train(*args, "--trainer.max_epochs", "2")
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert resume_lines(longer)[0] == f"resume: going on from {preempted}, saved at step 4 with 1 epoch finished"
+    whole = run_train("fit", *quick_run_args(experiment, tmp_path / "whole"), "--trainer.max_epochs", "2")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    resumed, uninterrupted = (torch.load(path / "last.ckpt", weights_only=True)
+                              for path in (checkpoints, tmp_path / "whole" / "checkpoints"))  # fmt: skip
+    assert resumed["global_step"] == uninterrupted["global_step"] == 8
+    assert all(torch.equal(tensor, resumed["state_dict"][name]) for name, tensor in uninterrupted["state_dict"].items())
+    assert not preempted.exists()
 
 
 def resume_lines(result: subprocess.CompletedProcess) -> list[str]:
@@ -112,10 +124,9 @@ def test_a_run_that_early_stopping_ended_trains_nothing_more_when_run_again(expe
 
     again = run_train("fit", *quick_run_args(experiment, run_dir), *stop_early)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert resume_lines(again) == [f"resume: {last} ended its run already: EarlyStopping stopped it, val/acc no"
-                                   " longer improving; nothing is left to train. Leave EarlyStopping out to train on,"
-                                   " or start a new run in another directory"
-                                   " (--trainer.default_root_dir)"], again.stderr[-3000:]  # fmt: skip
+    assert resume_lines(again) == [f"resume: {last} ended its run already: EarlyStopping on val/acc stopped it;"
+                                   " nothing is left to train. Leave EarlyStopping out to train on, or start a new run"
+                                   " in another directory (--trainer.default_root_dir)"], again.stderr  # fmt: skip
     assert torch.load(last, weights_only=True)["global_step"] == stopped  # Lightning alone trained another epoch
 
 

@@ -97,9 +97,13 @@ MATMUL_LINE = next(number for number, line in enumerate((PROJECT_ROOT / "tasks" 
          "validate: Trainer.validate on last.ckpt raised AttributeError: 'SetsUpOnlyForFit' object has no attribute"
          f" 'val' (in SetsUpOnlyForFit.val_dataloader, tasks/regression.py:{VAL_LOADER_LINE}): Lightning calls"
          " setup('validate') before validate, and setup('fit') only before fit"),
+        ("tasks.broken.DivergesToNaN", "tasks.regression.Table", "val_loss",
+         "test_a_checkpoint_loads_back_to_the_same_validation",
+         "training: validating last.ckpt gives [{'val_loss': nan}]: after the quick fit the model's scores are not"
+         " finite"),
     ],
     ids=["a batch sampler of its own", "a monitored metric the model never logs", "ConfigError in __init__",
-         "an error in the model's code", "data set up for fit only"],
+         "an error in the model's code", "data set up for fit only", "a model that diverges"],
 )  # fmt: skip
 def test_a_broken_pair_fails_one_test_in_one_line_naming_the_problem(tmp_path: Path, model, data, monitor, failing,
                                                                       line):  # fmt: skip

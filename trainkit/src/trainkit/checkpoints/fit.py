@@ -55,8 +55,8 @@ class RefuseCheckpointsThatDoNotFit(Callback):
             if saved_at_an_epochs_last_step(checkpoint):  # a SIGTERM at the run's last step
                 rank_zero_info(
                     f"resume: {trainer.ckpt_path} was saved at the run's last step ({where}), before its last"
-                    " epoch's end: nothing is left to train. last.ckpt now holds its weights; its last validation did"
-                    " not run (`validate --ckpt_path last` runs it)"
+                    " epoch's end: nothing is left to train. It stays, the run's newest checkpoint (`--ckpt_path"
+                    " last` finds it); its last validation did not run (`validate --ckpt_path last` runs it)"
                 )
                 return
             rank_zero_info(
@@ -67,10 +67,11 @@ class RefuseCheckpointsThatDoNotFit(Callback):
         stopper = stopped_early(trainer, checkpoint)
         if stopper is not None:
             trainer.should_stop = True  # before the first epoch: Lightning resets it only when fit is called
+            # Its state does not say why: the metric stopped improving, or was not finite (a run that diverged).
             rank_zero_info(
-                f"resume: {trainer.ckpt_path} ended its run already: EarlyStopping stopped it, {stopper.monitor}"
-                " no longer improving; nothing is left to train. Leave EarlyStopping out to train on, or start a"
-                " new run in another directory (--trainer.default_root_dir)"
+                f"resume: {trainer.ckpt_path} ended its run already: EarlyStopping on {stopper.monitor} stopped it;"
+                " nothing is left to train. Leave EarlyStopping out to train on, or start a new run in another"
+                " directory (--trainer.default_root_dir)"
             )
             return
         # Lightning says only which file it restores; where in the run that file is tells the researcher what is left.

@@ -11,9 +11,17 @@ class LastCheckpoint(ModelCheckpoint):
     a model's own ModelCheckpoint (of its best epochs, say) took the place of this one, and a restarted job then
     resumed from an older checkpoint. A model's ModelCheckpoint now saves beside it."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._trained_from: int | None = None  # the step this fit's training began at; None: it trained nothing
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._trained_from = trainer.global_step
+
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # A fit can end past its last epoch's end: resumed from a checkpoint saved after the run's last step (a
-        # SIGTERM there), it trains nothing and no epoch ends; stopped by max_steps or max_time mid-epoch. last.ckpt
-        # then holds the trained weights all the same, and the preemption checkpoint can go.
-        if not self._should_skip_saving_checkpoint(trainer):  # also where it saved at this step already
+        # A fit stopped by max_steps or max_time mid-epoch ends past its last save: last.ckpt holds the trained
+        # weights all the same. A fit that trained nothing (its checkpoint had ended the run) leaves last.ckpt as it
+        # is: saved again now, it would hold the loaders and generators of a run that never started.
+        trained = self._trained_from is not None and trainer.global_step > self._trained_from
+        if trained and not self._should_skip_saving_checkpoint(trainer):  # skipped where it saved at this step
             self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))

@@ -73,6 +73,7 @@ class PreemptionCheckpoint(Checkpoint):
         self._step_us = 0  # this process's mean step between the last two agreements
         self._optimizer_steps = OptimizerSteps()
         self._mid_accumulation = False  # the last batch added to gradients no step has applied yet
+        self._trained = False  # whether this fit's training began (a fit whose checkpoint ended the run skips it)
 
     @property
     def ckpt_path(self) -> str:
@@ -105,6 +106,7 @@ class PreemptionCheckpoint(Checkpoint):
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
         self._between, self._steps, self._since, self._step_us = 1, 0, time.monotonic(), 0
         self._optimizer_steps.start(trainer)
+        self._trained = True
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
         last = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
@@ -192,8 +194,9 @@ class PreemptionCheckpoint(Checkpoint):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Lightning removes the file after every run that ends without an error: after `test`,
         # `validate` and `predict` too, which leaves the job nothing to resume from. Only a fit that
-        # finished training (not a fast_dev_run, which only tries the code) has no more use for it.
-        if stage == "fit" and not trainer.fast_dev_run:
+        # finished training (not a fast_dev_run, which only tries the code) has no more use for it. One
+        # resumed from it that trained nothing (saved at the run's last step) keeps it: it is the run's end.
+        if stage == "fit" and not trainer.fast_dev_run and self._trained:
             trainer.strategy.remove_checkpoint(self.ckpt_path)
 
 

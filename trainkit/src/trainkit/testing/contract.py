@@ -12,6 +12,7 @@ processes. A failure names the broken guarantee and the reason in its first line
 """
 
 import json
+import math
 import re
 import signal
 import sys
@@ -127,6 +128,10 @@ class YourCodeContract:
         for each in (model, other):
             seed_everything(0)  # loaders that draw their samples draw the same ones
             results.append(self.evaluate("validate", each, data, fitted.last_ckpt, tmp_path, verbose=False))
+        scores = [value for result in results[0] for value in result.values()]
+        assert all(math.isfinite(value) for value in scores), (
+            f"training: validating last.ckpt gives {results[0]}: after the quick fit the model's scores are not finite"
+        )
         assert results[0] == results[1], (
             f"save and load: validating last.ckpt gives {results[0]} in one model and {results[1]} in another"
             " initialised otherwise: some of the model's state is not saved in its checkpoint (keep tensors in"

@@ -65,3 +65,10 @@ class WarmsUpOnAPlainCounter(Regressor):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         self.steps_taken += 1
         return super().training_step(batch, batch_idx) * min(1.0, self.steps_taken / self.warmup_steps)
+
+
+class DivergesToNaN(Regressor):
+    """A loss that is not a number from the first step: the weights, and every score after, are NaN."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return super().training_step(batch, batch_idx) * float("nan")
