@@ -124,6 +124,10 @@ def empty_yaml(case: Case) -> tuple[list[str], list[str]]:
     return ["--config", str(config)], [str(config), "holds no settings"]
 
 
+def trainer_setting_lightning_refuses(case: Case) -> tuple[list[str], list[str]]:
+    return ["--trainer.max_epochs", "-5"], ["trainer: `max_epochs` must be a non-negative integer or -1", "-5"]
+
+
 def batch_size_zero(case: Case) -> tuple[list[str], list[str]]:
     return ["--data.batch_size", "0"], ["data.batch_size", "greater than 0", "got 0"]
 
@@ -191,8 +195,8 @@ CHECKED_BEFORE_ANYTHING_STARTS = [
     unknown_class_path_in_yaml, yaml_syntax_error, empty_yaml, batch_size_zero, dropout_above_one,
 ]  # fmt: skip
 CHECKED_WHEN_THE_RUN_STARTS = [
-    truncated_images, garbage_images, fewer_labels_than_images, resume_after_changing_the_model,
-    resume_past_max_epochs, checkpoint_of_another_network,
+    trainer_setting_lightning_refuses, truncated_images, garbage_images, fewer_labels_than_images,
+    resume_after_changing_the_model, resume_past_max_epochs, checkpoint_of_another_network,
 ]  # fmt: skip
 
 

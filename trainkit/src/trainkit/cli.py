@@ -21,7 +21,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from trainkit.checkpoints.best import BestCheckpointSettings, add_best_checkpoint
 from trainkit.checkpoints.disk import CheckCheckpointDisk, refuse_unwritable_checkpoint_dirs
@@ -184,13 +184,16 @@ class ProjectCLI(LightningCLI):
             # Output goes to a file (a cluster job): log lines instead of a redrawn bar, unless one is configured.
             kwargs["enable_progress_bar"] = False
             callbacks.append(PlainProgress(config.trainer.log_every_n_steps or 50))
-        trainer = super().instantiate_trainer(
-            plugins=plugins,
-            num_nodes=num_nodes(config.trainer.num_nodes, platform),
-            devices=devices_per_node(config.trainer.devices, platform),
-            callbacks=callbacks,
-            **kwargs,
-        )
+        try:
+            trainer = super().instantiate_trainer(
+                plugins=plugins,
+                num_nodes=num_nodes(config.trainer.num_nodes, platform),
+                devices=devices_per_node(config.trainer.devices, platform),
+                callbacks=callbacks,
+                **kwargs,
+            )
+        except MisconfigurationException as error:  # a setting the Trainer refuses (`max_epochs: -5`): a config error
+            raise ConfigError(f"trainer: {' '.join(str(error).split())}") from None
         for callback in trainer.callbacks:
             if isinstance(callback, SaveRunRecord):
                 callback.config = self.as_configured
