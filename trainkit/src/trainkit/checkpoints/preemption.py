@@ -52,7 +52,7 @@ class PreemptionCheckpoint(Checkpoint):
     epoch they wait for the answer at once, so no validation starts after a signal. A signal during
     validation skips the rest of it: the weights have not changed since the last step, the processes
     agree when validation ends, and the resumed run goes on training without that validation's
-    scores. The checkpoint is deleted once a later run finishes training.
+    scores. The checkpoint is deleted once a later run has trained on from it to its end.
 
     A step is an optimizer step: with gradient accumulation the processes agree, and stop, only after a
     batch in which the optimizer stepped (checkpoints/steps.py), up to `accumulate_grad_batches` batches
