@@ -175,7 +175,7 @@ def resume_past_max_epochs(case: Case) -> tuple[list[str], list[str]]:
     """`ckpt_path: last` in a run directory that trained 3 epochs, with max_epochs 1 (as 3 after 10 would be)."""
     shutil.copytree(case.trained_run("three_epoch_run"), case.run_dir)
     last = case.run_dir / "checkpoints" / "last.ckpt"
-    return [], [f"checkpoint {last} was written in epoch 3, past trainer.max_epochs 1", "new run directory"]
+    return [], [f"checkpoint {last} had finished 3 epochs, past trainer.max_epochs 1", "new run directory"]
 
 
 def checkpoint_of_another_network(case: Case) -> tuple[list[str], list[str]]:

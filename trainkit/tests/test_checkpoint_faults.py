@@ -158,7 +158,8 @@ def test_evaluation_and_debug_runs_leave_the_preemption_checkpoint_to_the_job(ex
     preempted = run_dir / "checkpoints" / "preempted.ckpt"
     step, fingerprint = load(preempted)["global_step"], hashlib.sha256(preempted.read_bytes()).hexdigest()
 
-    # What the README suggests between runs; each loads the preemption checkpoint (ckpt_path: last).
+    # What the README suggests between runs; each loads the preemption checkpoint (ckpt_path: last), but fast_dev_run,
+    # which starts afresh.
     for command in (["test"], ["validate"], ["predict"], ["fit", "--trainer.fast_dev_run", "true"]):
         result = run_train(command[0], *fit[1:], *command[1:])
         assert result.returncode == 0, f"{command}: {result.stderr[-3000:]}"

@@ -58,6 +58,19 @@ def test_fit_trains_saves_checkpoints_and_reruns_in_the_same_directory(experimen
                                    " run in another directory (--trainer.default_root_dir)"], third.stderr  # fmt: skip
     assert last.read_bytes() == ended
 
+    # Fewer epochs than it trained: one line, nothing run (Lightning: a traceback once everything is set up).
+    shorter = run_train("fit", *quick_run_args(experiment, run_dir), "--trainer.max_epochs", "1")
+    assert shorter.returncode == 2, shorter.stderr[-3000:]
+    assert shorter.stderr.strip().splitlines()[-1] == (
+        f"error: checkpoint {last} had finished 2 epochs, past trainer.max_epochs 1: raise trainer.max_epochs to train"
+        " on from it, or start afresh in a new run directory (--trainer.default_root_dir)"
+    )
+    # A try of the code in the run's directory (max_epochs 1 too): from the start, leaving the run's files alone.
+    tried = run_train("fit", *quick_run_args(experiment, run_dir), "--trainer.fast_dev_run", "true")
+    assert tried.returncode == 0, tried.stderr[-3000:]
+    assert "trainer.fast_dev_run: starting afresh instead of resuming (ckpt_path: last)" in tried.stderr
+    assert "Restoring states" not in tried.stderr and last.read_bytes() == ended
+
 
 def test_a_sigterm_at_the_runs_last_step_keeps_its_end_for_a_longer_run_to_go_on_from_exactly(experiment, tmp_path):
     # The run's 4th and last step, before its validation and its last.ckpt: the same command again trains nothing.

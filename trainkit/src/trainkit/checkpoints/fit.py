@@ -40,11 +40,12 @@ class RefuseCheckpointsThatDoNotFit(Callback):
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
             return
-        # Lightning refuses a fit resumed past max_epochs (the same condition) only after the set-up.
-        epoch, max_epochs = checkpoint.get("epoch", 0), trainer.max_epochs
-        if max_epochs not in (None, -1) and epoch > max_epochs:
+        # Lightning refuses a fit resumed past max_epochs (the epochs finished, once ResumeFinishedEpochs has ended
+        # an epoch whose last step the checkpoint holds) only after the set-up, with a traceback.
+        epochs_done, max_epochs = epochs_and_step(checkpoint)[0], trainer.max_epochs
+        if max_epochs not in (None, -1) and epochs_done > max_epochs:
             raise ConfigError(
-                f"checkpoint {trainer.ckpt_path} was written in epoch {epoch + 1}, past trainer.max_epochs"
+                f"checkpoint {trainer.ckpt_path} had finished {epochs_done} epochs, past trainer.max_epochs"
                 f" {max_epochs}: raise trainer.max_epochs to train on from it, or start afresh in a new run"
                 " directory (--trainer.default_root_dir)"
             )

@@ -44,6 +44,10 @@ def leave_out_what_cannot_run(config: Namespace) -> None:
         if left_out or resumes:
             not_resuming = "; starting afresh instead of resuming (ckpt_path: last)" if resumes else ""
             rank_zero_info(f"trainer.enable_checkpointing is false: leaving out {left_out or 'nothing'}{not_resuming}")
+    if trainer.fast_dev_run and config.get("ckpt_path") == "last":
+        # A try of the code: from the run's checkpoint it would train nothing once the run has ended.
+        config.ckpt_path = None
+        rank_zero_info("trainer.fast_dev_run: starting afresh instead of resuming (ckpt_path: last); it saves nothing")
 
 
 def _leave_out(trainer: Namespace, kinds: tuple[type[Callback], ...]) -> str:
