@@ -193,7 +193,7 @@ class ProjectCLI(LightningCLI):
                 **kwargs,
             )
         except MisconfigurationException as error:  # a setting the Trainer refuses (`max_epochs: -5`): a config error
-            raise ConfigError(f"trainer: {' '.join(str(error).split())}") from None
+            raise ConfigError(f"trainer: {error}") from None  # said on one line, as every ConfigError
         for callback in trainer.callbacks:
             if isinstance(callback, SaveRunRecord):
                 callback.config = self.as_configured

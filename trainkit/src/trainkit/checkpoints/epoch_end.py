@@ -53,11 +53,15 @@ def misread_after_an_epochs_last_batch(fit: dict[str, Any]) -> bool:
     return epoch_unfinished and last_batch_trained and (before_the_batch_completed or in_the_epochs_end)
 
 
-def saved_before_the_epochs_end(fit: dict[str, Any]) -> bool:
-    """Whether the fit loop's state `fit` was saved right after an epoch's last step: before the epoch's validation
-    and its end (a preemption or periodic checkpoint of that step). It resumes as the epoch's end."""
-    batches = fit["epoch_loop.batch_progress"]["total"]
-    return misread_after_an_epochs_last_batch(fit) and batches["completed"] < batches["processed"]
+def saved_at_an_epochs_last_step(checkpoint: dict[str, Any]) -> bool:
+    """Whether a checkpoint was saved right after an epoch's last step: before the epoch's validation and its end (a
+    preemption or periodic checkpoint of that step). It resumes as the epoch's end."""
+    try:
+        fit = checkpoint["loops"]["fit_loop"]
+        batches = fit["epoch_loop.batch_progress"]["total"]
+        return misread_after_an_epochs_last_batch(fit) and batches["completed"] < batches["processed"]
+    except (KeyError, TypeError):
+        return False  # loops saved in another layout: Lightning reads them as they are
 
 
 def end_the_epoch(fit: dict[str, Any]) -> None:

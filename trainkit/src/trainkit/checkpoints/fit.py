@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from trainkit.checkpoints.epoch_end import saved_before_the_epochs_end
+from trainkit.checkpoints.epoch_end import saved_at_an_epochs_last_step
 from trainkit.run.errors import ConfigError
 
 
@@ -98,14 +98,6 @@ def epochs_and_step(checkpoint: dict[str, Any]) -> tuple[int, int]:
     as the epoch's end), and its step."""
     epochs = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
     return epochs.get("processed", 0) + saved_at_an_epochs_last_step(checkpoint), checkpoint.get("global_step", 0)
-
-
-def saved_at_an_epochs_last_step(checkpoint: dict[str, Any]) -> bool:
-    """Whether a checkpoint was saved right after an epoch's last step, before the epoch's validation and end."""
-    try:
-        return saved_before_the_epochs_end(checkpoint["loops"]["fit_loop"])
-    except (KeyError, TypeError):
-        return False
 
 
 def stopped_early(trainer: Trainer, checkpoint: dict[str, Any]) -> EarlyStopping | None:
