@@ -100,6 +100,19 @@ def wrong_type_in_yaml(case: Case) -> tuple[list[str], list[str]]:
     return ["--config", str(config)], [str(config), "trainer.max_epochs", "three"]
 
 
+def unknown_key_in_a_model_file(case: Case) -> tuple[list[str], list[str]]:
+    model = "class_path: lightning_mnist.models.image_classifier.ImageClassifier\ninit_args:\n  hiden: 64\n"
+    config = case.file("typo-model.yaml", model)
+    return ["--model", str(config)], [str(config), "model: ", "'hiden'"]
+
+
+def wrong_type_in_a_file_a_config_names(case: Case) -> tuple[list[str], list[str]]:
+    (case.tmp_path / "model").mkdir()
+    model = case.file("model/wrong-type.yaml", "init_args:\n  dropout: high\n")
+    config = case.file("experiment.yaml", "model: model/wrong-type.yaml\n")
+    return ["--config", str(config)], [str(model), "model.dropout", "high"]
+
+
 def missing_config_file(case: Case) -> tuple[list[str], list[str]]:
     config = case.tmp_path / "nowhere.yaml"
     return ["--config", str(config)], ["does not exist", str(config)]
@@ -191,8 +204,9 @@ def checkpoint_of_another_network(case: Case) -> tuple[list[str], list[str]]:
 
 
 CHECKED_BEFORE_ANYTHING_STARTS = [
-    unknown_key, abbreviated_option, unknown_key_in_yaml, wrong_type_in_yaml, missing_config_file, unknown_class_path,
-    unknown_class_path_in_yaml, yaml_syntax_error, empty_yaml, batch_size_zero, dropout_above_one,
+    unknown_key, abbreviated_option, unknown_key_in_yaml, wrong_type_in_yaml, unknown_key_in_a_model_file,
+    wrong_type_in_a_file_a_config_names, missing_config_file, unknown_class_path, unknown_class_path_in_yaml,
+    yaml_syntax_error, empty_yaml, batch_size_zero, dropout_above_one,
 ]  # fmt: skip
 CHECKED_WHEN_THE_RUN_STARTS = [
     trainer_setting_lightning_refuses, truncated_images, garbage_images, fewer_labels_than_images,

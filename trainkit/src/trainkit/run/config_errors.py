@@ -2,18 +2,22 @@
 
 jsonargparse prints about 60 lines of usage before its message, spreads the message over several
 lines, and says `<unicode string>` where a YAML file has a syntax error. `OneLineErrorParser` raises
-instead of printing, naming the config file a bad value came from; `one_line` turns the error into
-the line `main` prints. `--help` still prints the usage.
+instead of printing, naming the config file a bad value came from (`--config`, or a file given for
+one key, such as `--model configs/model/x.yaml` or a config's `model: model/x.yaml`); `one_line`
+turns the error into the line `main` prints. `--help` still prints the usage.
 """
 
 import os
 import re
+import sys
 import traceback
+from collections.abc import Sequence
+from pathlib import Path
 
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 from pydantic import ValidationError
-from yaml import MarkedYAMLError
+from yaml import MarkedYAMLError, YAMLError, safe_load
 
 from trainkit.run.errors import ConfigError
 from trainkit.run.extras import missing_extra
@@ -23,6 +27,7 @@ CLASS_NAME = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")  # <class 'int'> -> int
 NOT_AN_IMPORT_PATH = "Unexpected import path format:"
 # Where the researcher's data module and model prepare their data: a file missing there is bad input.
 PREPARING = ("prepare_data", "setup")
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 class OneLineErrorParser(LightningArgumentParser):
@@ -32,14 +37,75 @@ class OneLineErrorParser(LightningArgumentParser):
         # allow_abbrev: argparse takes `--trainer.max_ep` for `--trainer.max_epochs`, and a typo for another option.
         super().__init__(*args, exit_on_error=exit_on_error, allow_abbrev=allow_abbrev, **kwargs)
 
+    def parse_args(self, args: Sequence[str] | None = None, *rest, **kwargs) -> Namespace:
+        try:
+            return super().parse_args(args, *rest, **kwargs)
+        except ArgumentError as error:
+            given = options_given(sys.argv[1:] if args is None else args)
+            file = file_that_set(error_key(error), given, Path())
+            if file is None:
+                raise
+            raise ArgumentError(None, f"{file}: {one_line(error)}") from None
+
     def parse_path(self, path: str | os.PathLike, *args, **kwargs) -> Namespace:
         try:
             config = super().parse_path(path, *args, **kwargs)
             # Also checked on its own, so that an unknown key is reported with the file it is in.
             self.validate(config, skip_required=True)
         except (ArgumentError, KeyError, TypeError) as error:
-            raise ArgumentError(None, f"{path}: {one_line(error)}") from None
+            file = file_that_set(error_key(error), settings_in(path), Path(path).parent) or path
+            raise ArgumentError(None, f"{file}: {one_line(error)}") from None
         return config
+
+
+def options_given(args: Sequence[str]) -> dict[str, str]:
+    """The value given last for each `--key value` (or `--key=value`) in command-line `args`, by key."""
+    given = {}
+    for position, arg in enumerate(args):
+        if arg.startswith("--"):
+            option, equals, value = arg[2:].partition("=")
+            if not equals and position + 1 < len(args):
+                value = args[position + 1]
+            given[option] = value
+    return given
+
+
+def settings_in(path: str | os.PathLike) -> dict[str, object]:
+    """A config file's settings by dotted key (`model`, `trainer.logger`); none where it cannot be read."""
+    try:
+        config = safe_load(Path(path).read_text())
+    except (OSError, YAMLError):
+        return {}
+
+    def flatten(mapping: dict, prefix: str) -> dict[str, object]:
+        settings = {}
+        for key, value in mapping.items():
+            settings[prefix + str(key)] = value
+            if isinstance(value, dict):
+                settings |= flatten(value, f"{prefix}{key}.")
+        return settings
+
+    return flatten(config, "") if isinstance(config, dict) else {}
+
+
+def file_that_set(key: str | None, given: dict[str, object], base: Path) -> Path | None:
+    """The config file (relative to `base`) that `given` names for `key` or the nearest key above it, if any.
+
+    A bad `model.dropout` came from `--model configs/model/x.yaml` unless `--model.dropout` was given too.
+    """
+    parts = key.split(".") if key else []
+    for end in range(len(parts), 0, -1):
+        value = given.get(".".join(parts[:end]))
+        if value is not None:
+            named = isinstance(value, str) and value.endswith(CONFIG_SUFFIXES) and (base / value).is_file()
+            return Path(os.path.normpath(base / value)) if named else None
+    return None
+
+
+def error_key(error: BaseException) -> str | None:
+    """The dotted key jsonargparse says an error is about (`model.dropout`), None where it names none."""
+    keys = _keys(error)
+    return ".".join(keys) if keys else None
 
 
 def one_line(error: BaseException) -> str:
@@ -48,12 +114,20 @@ def one_line(error: BaseException) -> str:
     jsonargparse wraps each reason in the key and the alternatives it tried: a bad `--data.batch_size`
     is a reason under "batch_size" under "data" (the data module's class_path).
     """
+    keys = _keys(error)
+    reason = _reason(_causes(error)[-1])
+    return f"{'.'.join(keys)}: {reason}" if keys else reason
+
+
+def _causes(error: BaseException) -> list[BaseException]:
     chain = [error]
     while chain[-1].__cause__ is not None:
         chain.append(chain[-1].__cause__)
-    keys = dict.fromkeys(key[1] for cause in chain if (key := PARSER_KEY.match(str(cause))))
-    reason = _reason(chain[-1])
-    return f"{'.'.join(keys)}: {reason}" if keys else reason
+    return chain
+
+
+def _keys(error: BaseException) -> list[str]:
+    return list(dict.fromkeys(key[1] for cause in _causes(error) if (key := PARSER_KEY.match(str(cause)))))
 
 
 def _reason(error: BaseException) -> str:
