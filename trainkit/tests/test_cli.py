@@ -375,6 +375,18 @@ def test_the_researchers_data_module_refusing_its_input_is_one_line(experiment, 
     assert errors == [message], result.stderr[-3000:]
 
 
+def test_a_setting_lightning_refuses_at_the_first_epochs_end_is_one_line_after_last_ckpt(experiment, tmp_path):
+    """A ReduceLROnPlateau on a metric validation does not log: exit 2 (a retry fails the same), the epoch kept."""
+    model = ("--model", "tasks.broken.ReducesOnAMetricItNeverLogs", "--data", "tasks.regression.Table")
+    result = run_train("fit", "--config", str(experiment), *quick_trainer_args(tmp_path / "run"), *model,
+                       "--best_checkpoint.monitor", "val_loss")  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if "Error" in line or line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: ReduceLROnPlateau conditioned on metric val/rmse"), errors
+    assert "val_loss" in errors[0], "the line names the metrics validation logs"
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file(), "the epoch it trained is kept"
+
+
 def test_a_fresh_run_and_its_rerun_print_nothing_a_researcher_cannot_act_on(experiment, tmp_path):
     periodic = tmp_path / "periodic.yaml"  # a save every 2 steps: a line a save would print shows 2 times and more
     periodic.write_text(DEFAULTS.read_text().replace("every_minutes: 10", "every_n_steps: 2"))

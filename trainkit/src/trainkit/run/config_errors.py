@@ -16,6 +16,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from pydantic import ValidationError
 from yaml import MarkedYAMLError, YAMLError, safe_load
 
@@ -153,13 +154,15 @@ def _reason(error: BaseException) -> str:
 
 
 def mistake_in_the_researchers_code(error: BaseException) -> str | None:
-    """The line to say instead of a traceback when the researcher's data module or model refused its input: a
+    """The line to say instead of a traceback when the researcher's data module or model refused its input (a
     ConfigError, or a missing file, raised while it was built (jsonargparse wraps it), or while it prepared its
-    data. None for anything else: a failure in their forward keeps its traceback, they need it."""
+    data), or when Lightning refused how the model is set up (a MisconfigurationException: a ReduceLROnPlateau on
+    a metric validation does not log, found at the first epoch's end, after last.ckpt is saved). None for anything
+    else: a failure in their forward keeps its traceback, they need it."""
     building = any(frame.name == "instantiate_classes" for frame in traceback.extract_tb(error.__traceback__))
     cause: BaseException | None = error
     while cause is not None:
-        if isinstance(cause, ConfigError):
+        if isinstance(cause, (ConfigError, MisconfigurationException)):
             return one_line(error)
         if isinstance(cause, FileNotFoundError):
             preparing = any(frame.name in PREPARING for frame in traceback.extract_tb(cause.__traceback__))

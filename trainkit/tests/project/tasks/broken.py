@@ -72,3 +72,13 @@ class DivergesToNaN(Regressor):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return super().training_step(batch, batch_idx) * float("nan")
+
+
+class ReducesOnAMetricItNeverLogs(Regressor):
+    """A ReduceLROnPlateau on `val/rmse`, where validation logs `val_loss` only: Lightning finds out at the first
+    epoch's end."""
+
+    def configure_optimizers(self) -> dict:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val/rmse"}}
