@@ -1,6 +1,7 @@
 """Day-to-day use: composed configs, another logger, what a run records, predictions, log-friendly progress."""
 
 import csv
+import logging
 import re
 import statistics
 import subprocess
@@ -10,9 +11,11 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 from trainkit.testing.runs import signal_at
 from trainkit.tracking.predictions import PredictionWriter
+from trainkit.tracking.progress import PlainProgress
 
 from .helpers import EXPERIMENT, PROJECT_ROOT, quick_run_args, quick_trainer_args, run_train
 
@@ -106,6 +109,21 @@ def test_output_to_a_file_gets_log_lines_not_a_progress_bar(experiment, tmp_path
     assert re.search(r"^epoch 1/1 step 2/4 lr-Adam=0.0100 train/loss=\S+ \(", result.stderr, re.MULTILINE)
     assert "epoch 1/1 val/acc=" in result.stderr
     assert "it/s" not in result.stdout + result.stderr  # what Lightning's progress bars show
+
+
+def test_with_gradient_accumulation_a_progress_line_shows_the_batch_and_the_optimizer_step(caplog):
+    """The epoch's length counts batches; a checkpoint, the `SIGTERM:` line and the logger count optimizer steps."""
+    trainer = Trainer(max_epochs=1, limit_train_batches=8, limit_val_batches=0, accumulate_grad_batches=2,
+                      callbacks=[PlainProgress(every_n_steps=2)], logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="trainkit.tracking.progress"):
+        trainer.fit(BoringModel())
+    where = [
+        " ".join(record.getMessage().split()[:6])
+        for record in caplog.records
+        if record.name == PlainProgress.__module__
+    ]
+    assert where == ["epoch 1/1 batch 4/8 (step 2)", "epoch 1/1 batch 8/8 (step 4)"], where
 
 
 def test_a_run_resumed_mid_epoch_shows_the_speed_of_its_own_steps(experiment, tmp_path):

@@ -14,10 +14,11 @@ log = logging.getLogger(__name__)
 class PlainProgress(Callback):
     """After every `every_n_steps`-th optimizer step, and after each validation, rank 0 logs one line.
 
-    The command line uses this instead of the progress bar when output is not a terminal,
-    where a bar's redraws would fill the log file. Steps are counted over the whole run, as the
-    logger counts them, so each line shows the loss the logger records for that step. Metrics go by
-    when they were logged, whatever their names: the validation line shows those validation logged,
+    The command line uses this instead of the progress bar when output is not a terminal, where a bar's
+    redraws would fill the log file. Steps are counted over the whole run, as the logger counts them, so
+    each line shows the loss the logger records for that step; with gradient accumulation a line shows the
+    batch in the epoch and the optimizer step (the step checkpoints and the `SIGTERM:` line name). Metrics
+    go by when they were logged, whatever their names: the validation line shows those validation logged,
     the training lines the others.
     """
 
@@ -43,8 +44,10 @@ class PlainProgress(Callback):
         now = time.monotonic()
         rate = (step - self._since_step) / (now - self._since_time)
         self._since_time, self._since_step = now, step
-        step_in_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.completed + 1
-        where = f"{_epoch(trainer)} step {step_in_epoch}{_out_of(trainer.num_training_batches)}"
+        batch = trainer.fit_loop.epoch_loop.batch_progress.current.completed + 1
+        where = f"{_epoch(trainer)} step {batch}{_out_of(trainer.num_training_batches)}"
+        if trainer.accumulate_grad_batches > 1:  # an epoch's length counts batches; a checkpoint's step, steps
+            where = f"{_epoch(trainer)} batch {batch}{_out_of(trainer.num_training_batches)} (step {step})"
         training = {name: value for name, value in trainer.callback_metrics.items()
                     if name not in self._validation_names}  # fmt: skip
         log.info(f"{where} {_shown(training)} ({rate:.1f} steps/s)")
