@@ -32,7 +32,8 @@ CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 class OneLineErrorParser(LightningArgumentParser):
-    """LightningCLI's parser, raising `ArgumentError` on bad settings; errors in a config file name the file."""
+    """LightningCLI's parser, raising `ArgumentError` on bad settings; an error in a config file names the file, or
+    the file given for the key it is about (`--model configs/model/x.yaml`, a config's `model: model/x.yaml`)."""
 
     def __init__(self, *args, exit_on_error: bool = False, allow_abbrev: bool = False, **kwargs) -> None:
         # allow_abbrev: argparse takes `--trainer.max_ep` for `--trainer.max_epochs`, and a typo for another option.
