@@ -141,6 +141,12 @@ def trainer_setting_lightning_refuses(case: Case) -> tuple[list[str], list[str]]
     return ["--trainer.max_epochs", "-5"], ["trainer: `max_epochs` must be a non-negative integer or -1", "-5"]
 
 
+def negative_learning_rate(case: Case) -> tuple[list[str], list[str]]:
+    # torch's optimizer refuses it when the model makes it: a ValueError where the run starts, not a traceback.
+    return ["--model.optimizer.init_args.lr", "-1"], ["Invalid learning rate: -1.0",
+                                                      "(in ImageClassifier.configure_optimizers, src/"]  # fmt: skip
+
+
 def batch_size_zero(case: Case) -> tuple[list[str], list[str]]:
     return ["--data.batch_size", "0"], ["data.batch_size", "greater than 0", "got 0"]
 
@@ -209,8 +215,8 @@ CHECKED_BEFORE_ANYTHING_STARTS = [
     yaml_syntax_error, empty_yaml, batch_size_zero, dropout_above_one,
 ]  # fmt: skip
 CHECKED_WHEN_THE_RUN_STARTS = [
-    trainer_setting_lightning_refuses, truncated_images, garbage_images, fewer_labels_than_images,
-    resume_after_changing_the_model, resume_past_max_epochs, checkpoint_of_another_network,
+    trainer_setting_lightning_refuses, negative_learning_rate, truncated_images, garbage_images,
+    fewer_labels_than_images, resume_after_changing_the_model, resume_past_max_epochs, checkpoint_of_another_network,
 ]  # fmt: skip
 
 

@@ -342,6 +342,13 @@ class RefusesInInit(LightningDataModule):
         raise ConfigError(f"data.root {root!r} holds no text files")
 
 
+class OutOfRangeInInit(LightningDataModule):
+    def __init__(self, noise: float = -1.0) -> None:
+        super().__init__()
+        if noise < 0:
+            raise ValueError(f"noise {noise} is below 0")
+
+
 class OpensInInit(LightningDataModule):
     def __init__(self, root: str = "corpus.txt") -> None:
         super().__init__()
@@ -358,11 +365,21 @@ class OpensInSetup(LightningDataModule):
     ("data", "message"),
     [
         ("researchers_data.RefusesInInit", "error: data.root 'corpus' holds no text files"),
+        (
+            "researchers_data.OutOfRangeInInit",
+            "error: noise -1.0 is below 0 (in OutOfRangeInInit.__init__, {tmp_path}/researchers_data.py:16)",
+        ),
         ("researchers_data.OpensInInit", "error: [Errno 2] No such file or directory: 'corpus.txt'"),
         ("researchers_data.OpensInSetup", "error: [Errno 2] No such file or directory: 'corpus/train.txt'"),
         ("configs/data/text_copus.yaml", "error: data: configs/data/text_copus.yaml: no such config file"),
     ],
-    ids=["ConfigError in __init__", "missing file in __init__", "missing file in setup", "misspelt config path"],
+    ids=[
+        "ConfigError in __init__",
+        "ValueError in __init__",
+        "missing file in __init__",
+        "missing file in setup",
+        "misspelt config path",
+    ],
 )
 def test_the_researchers_data_module_refusing_its_input_is_one_line(experiment, tmp_path, data, message):
     (tmp_path / "researchers_data.py").write_text(RESEARCHERS_DATA)
@@ -372,7 +389,7 @@ def test_the_researchers_data_module_refusing_its_input_is_one_line(experiment, 
     )
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "Error" in line or line.startswith("error:")]
-    assert errors == [message], result.stderr[-3000:]
+    assert errors == [message.format(tmp_path=tmp_path)], result.stderr[-3000:]
 
 
 def test_a_setting_lightning_refuses_at_the_first_epochs_end_is_one_line_after_last_ckpt(experiment, tmp_path):

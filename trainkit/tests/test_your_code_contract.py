@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from trainkit.run.replaced_classes import replace_whole
-from trainkit.testing.contract import YourCodeContract, raised_in
+from trainkit.run.researchers_code import raised_in
+from trainkit.testing.contract import YourCodeContract
 
 from .conftest import KIT_ROOT
 from .helpers import PROJECT_ROOT, clean_env

@@ -22,12 +22,14 @@ from yaml import MarkedYAMLError, YAMLError, safe_load
 
 from trainkit.run.errors import ConfigError
 from trainkit.run.extras import missing_extra
+from trainkit.run.researchers_code import raised_in
 
 PARSER_KEY = re.compile(r'^Parser key "([^"]+)":')
 CLASS_NAME = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")  # <class 'int'> -> int
 NOT_AN_IMPORT_PATH = "Unexpected import path format:"
 # Where the researcher's data module and model prepare their data: a file missing there is bad input.
 PREPARING = ("prepare_data", "setup")
+MAKING_OPTIMIZERS = ("configure_optimizers",)
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -155,19 +157,32 @@ def _reason(error: BaseException) -> str:
 
 
 def mistake_in_the_researchers_code(error: BaseException) -> str | None:
-    """The line to say instead of a traceback when the researcher's data module or model refused its input (a
-    ConfigError, or a missing file, raised while it was built (jsonargparse wraps it), or while it prepared its
-    data), or when Lightning refused how the model is set up (a MisconfigurationException: a ReduceLROnPlateau on
-    a metric validation does not log, found at the first epoch's end, after last.ckpt is saved). None for anything
-    else: a failure in their forward keeps its traceback, they need it."""
-    building = any(frame.name == "instantiate_classes" for frame in traceback.extract_tb(error.__traceback__))
-    cause: BaseException | None = error
-    while cause is not None:
+    """The line to say instead of a traceback when the researcher's code refused its input, or Lightning refused how
+    the model is set up. None for anything else: a failure in their forward keeps its traceback, they need it.
+
+    - A ConfigError, anywhere.
+    - A ValueError raised while the classes were built (jsonargparse wraps it) or the optimizers made: an option
+      out of its range (`noise: -1`, a negative learning rate), with where it was raised.
+    - A missing file, raised while the classes were built or the data prepared.
+    - A MisconfigurationException: a ReduceLROnPlateau on a metric validation does not log, found at the first
+      epoch's end, after last.ckpt is saved.
+    """
+    causes = [error]
+    while (cause := causes[-1].__cause__ or causes[-1].__context__) is not None:
+        causes.append(cause)
+    building = raised_under(error, ("instantiate_classes",))
+    for cause in causes:
         if isinstance(cause, (ConfigError, MisconfigurationException)):
             return one_line(error)
-        if isinstance(cause, FileNotFoundError):
-            preparing = any(frame.name in PREPARING for frame in traceback.extract_tb(cause.__traceback__))
-            if building or preparing:
-                return one_line(error)
-        cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, FileNotFoundError) and (building or raised_under(cause, PREPARING)):
+            return one_line(error)
+    refused = [cause for cause in causes if isinstance(cause, ValueError)]
+    if refused and (building or raised_under(refused[-1], MAKING_OPTIMIZERS)):
+        function, where = raised_in(refused[-1], Path.cwd())
+        return f"{_reason(refused[-1])} (in {function}, {where})"
     return None
+
+
+def raised_under(error: BaseException, functions: tuple[str, ...]) -> bool:
+    """Whether `error` was raised inside a call of one of `functions`."""
+    return any(frame.name in functions for frame in traceback.extract_tb(error.__traceback__))

@@ -16,7 +16,6 @@ import math
 import re
 import signal
 import sys
-import traceback
 import warnings
 from contextlib import chdir
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from trainkit.cli import ProjectCLI
 from trainkit.run.config_errors import OneLineErrorParser
+from trainkit.run.researchers_code import raised_in, researchers_file
 from trainkit.testing.runs import clean_env, exit_code, paced, run_train, signal_at, start_train, wait_for
 from trainkit.tracking.predictions import PredictionWriter
 
@@ -45,7 +45,6 @@ NOT_IN_THE_CHECKPOINT = (
     " in a registered buffer, or in on_save_checkpoint and on_load_checkpoint), or random numbers not drawn from"
     " torch's, random's or NumPy's global generators"
 )
-KIT = Path(__file__).resolve().parent.parent  # the kit's own code, inside a project or not
 # A frame of a Python traceback in a run's output, stripped.
 TRACEBACK_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 # What each stage runs: the model's step, and the loader the data module (or the model) gives.
@@ -309,17 +308,6 @@ def defines(model: LightningModule, data: LightningDataModule | None, stage: str
     return is_overridden(step, model) and is_overridden(loader, data if data is not None else model)
 
 
-def raised_in(error: Exception, project: Path) -> tuple[str, str]:
-    """The function (with its class) and the file:line where `error` was raised: in the project's code if it was."""
-    frames = list(traceback.walk_tb(error.__traceback__))
-    ours = [(frame, line) for frame, line in frames if researchers_file(Path(frame.f_code.co_filename), project)]
-    frame, line = (ours or frames)[-1]
-    owner = frame.f_locals.get("self")
-    function = f"{type(owner).__name__}.{frame.f_code.co_name}" if owner is not None else frame.f_code.co_name
-    path = Path(frame.f_code.co_filename)
-    return function, f"{path.relative_to(project) if path.is_relative_to(project) else path}:{line}"
-
-
 def said_lines(run: Run, start: str) -> list[str]:
     """The lines of a run's output that say `start`, from there on (a warning's file and line are cut)."""
     return [line[line.index(start) :] for line in run.output.splitlines() if start in line]
@@ -357,8 +345,3 @@ def raised_in_output(lines: list[str], project: Path) -> str | None:
         if researchers_file(path, project):
             return f"in {frame['function']}, {path.relative_to(project)}:{frame['line']}"
     return None
-
-
-def researchers_file(path: Path, project: Path) -> bool:
-    """Whether `path` is the researcher's code: in the project, and neither its train.py nor the kit it carries."""
-    return path.is_relative_to(project) and path != project / "train.py" and not path.resolve().is_relative_to(KIT)
