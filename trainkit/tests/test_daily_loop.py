@@ -11,8 +11,11 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import CSVLogger
 
+from trainkit.cli import DEFAULTS
 from trainkit.testing.runs import signal_at
 from trainkit.tracking.predictions import PredictionWriter
 from trainkit.tracking.progress import PlainProgress
@@ -124,6 +127,29 @@ def test_with_gradient_accumulation_a_progress_line_shows_the_batch_and_the_opti
         if record.name == PlainProgress.__module__
     ]
     assert where == ["epoch 1/1 batch 4/8 (step 2)", "epoch 1/1 batch 8/8 (step 4)"], where
+
+
+class WarmsUpEachStep(BoringModel):
+    def configure_optimizers(self) -> dict:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=8)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": warmup, "interval": "step"}}
+
+
+def test_the_learning_rate_a_progress_line_shows_is_the_one_of_its_step_under_a_per_step_schedule(tmp_path, caplog):
+    """The defaults' LearningRateMonitor, as it is configured: a line showed the rate of its epoch's start."""
+    (monitor,) = [callback for callback in yaml.safe_load(DEFAULTS.read_text())["trainer"]["callbacks"]
+                  if callback["class_path"].endswith("LearningRateMonitor")]  # fmt: skip
+    trainer = Trainer(max_epochs=1, limit_train_batches=8, limit_val_batches=0, log_every_n_steps=2,
+                      callbacks=[LearningRateMonitor(**monitor["init_args"]), PlainProgress(every_n_steps=2)],
+                      logger=CSVLogger(tmp_path), enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False)  # fmt: skip
+    with caplog.at_level(logging.INFO, logger=PlainProgress.__module__):
+        trainer.fit(WarmsUpEachStep())
+    shown = [float(re.search(r"lr-SGD=(\S+)", record.getMessage())[1]) for record in caplog.records
+             if record.name == PlainProgress.__module__]  # fmt: skip
+    # The rate the line's step trained at, logged as it began: LinearLR's 0.01 + 0.01125 x (step - 1).
+    assert shown == pytest.approx([0.02125, 0.04375, 0.06625, 0.08875], abs=1e-4), shown
 
 
 def test_a_run_resumed_mid_epoch_shows_the_speed_of_its_own_steps(experiment, tmp_path):
