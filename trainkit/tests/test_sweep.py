@@ -238,6 +238,32 @@ def test_failed_runs_are_reported_and_the_sweep_goes_on(tmp_path, capfd, monkeyp
     assert "best: runs/2  val/acc=0.5000" in out
 
 
+def test_a_run_refused_its_settings_stops_the_sweep_with_exit_2(tmp_path, capfd, monkeypatch):
+    """Exit 2 is the sweep's command or parameters, which the next runs share: they would fail the same."""
+    sweep_file = fake_sweep(tmp_path, {"code": {"values": [2, 0]}})
+    monkeypatch.chdir(tmp_path)
+    assert main([str(sweep_file), "--root", "runs"]) == 2
+    assert not (tmp_path / "runs" / "1").exists(), "no run starts after one refused its settings"
+    error = capfd.readouterr().err.splitlines()[-1]
+    assert error == (
+        f"error: {sweep_file}: the sweep stopped: runs/0 was refused its settings (its error line is above), as the"
+        " next runs would be: fix the sweep's parameters or command"
+    )
+
+
+def test_a_metric_no_run_logged_is_an_error_of_the_sweep_file(tmp_path, capfd, monkeypatch):
+    sweep_file = fake_sweep(tmp_path, {"score": {"values": [0.2, 0.9]}})  # the runs log val/acc
+    sweep_file.write_text(sweep_file.read_text().replace("name: val/acc", "name: val/mae"))
+    monkeypatch.chdir(tmp_path)
+    assert main([str(sweep_file), "--root", "runs"]) == 2
+    out, err = capfd.readouterr()
+    assert "runs/1  n/a  score=0.9" in out and "best:" not in out
+    assert (
+        err.splitlines()[-1]
+        == f"error: {sweep_file}: no run logged metric.name 'val/mae': set it to a metric the model logs"
+    )
+
+
 def test_the_best_run_is_the_one_the_metrics_goal_prefers(tmp_path, capfd, monkeypatch):
     sweep_file = fake_sweep(tmp_path, {"score": {"values": [0.2, 0.9, 0.4]}})
     monkeypatch.chdir(tmp_path)

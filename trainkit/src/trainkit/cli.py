@@ -35,7 +35,7 @@ from trainkit.checkpoints.path import (
     refuse_sharded_without_strategy,
     started_elsewhere,
 )
-from trainkit.checkpoints.resume import own_checkpoint, resume_checkpoint
+from trainkit.checkpoints.resume import own_checkpoint, quiet_about_a_directory_without_checkpoints, resume_checkpoint
 from trainkit.checkpoints.saving import CheckpointSavingSettings
 from trainkit.checkpoints.stored import (
     CheckpointNotStored,
@@ -200,6 +200,7 @@ class ProjectCLI(LightningCLI):
         if isinstance(platform.environment, NodeLevelEnvironment):
             platform.environment.call_the_roll(trainer.num_devices)  # every node here, each with as many devices
         chosen = config.get("ckpt_path")
+        quiet_about_a_directory_without_checkpoints(trainer)
         if chosen == "last":
             # The newest checkpoint that is whole, not only the newest (checkpoints/resume.py).
             found = resume_checkpoint(trainer)

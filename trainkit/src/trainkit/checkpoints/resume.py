@@ -60,6 +60,14 @@ def resume_checkpoint(trainer: Trainer) -> Path | None:
     return checkpoint
 
 
+def quiet_about_a_directory_without_checkpoints(trainer: Trainer) -> None:
+    """Lightning warns that checkpoints/ "exists and is not empty" where it holds no checkpoint, only the wandb run
+    id the kit keeps there from the run's start (tracking/wandb_logger.py): a fresh run told not to resume, a
+    sweep's run. Where it holds checkpoints and the run does not resume from them, the warning stands."""
+    if not any(any(Path(directory).glob("*.ckpt")) for directory in checkpoint_dirs(trainer)):
+        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+
+
 def own_checkpoint(trainer: Trainer) -> Path | None:
     """The run's newest whole checkpoint, in its checkpoint directories or its store; None where it has none."""
     # Lightning warns that checkpoints/ "exists and is not empty": resuming, it holds this run's own files.

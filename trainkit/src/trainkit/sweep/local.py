@@ -180,8 +180,9 @@ class PassStopSignalsOn:
 def run_sweep(
     sweep: dict, study: optuna.Study, space: dict[str, BaseDistribution], count: int, root: Path, extra: list[str]
 ) -> signal.Signals | None:
-    """Run `count` trials one after another; a failed trial does not stop the rest. Returns the signal that stopped
-    the sweep, if one did. Each trial's run directory and exit status are kept in the study, its score told to it.
+    """Run `count` trials one after another; a failed trial does not stop the rest, unless it failed on its settings
+    (exit 2: the sweep's command or parameters, which the next trials share). Returns the signal that stopped the
+    sweep, if one did. Each trial's run directory and exit status are kept in the study, its score told to it.
     """
     metric = sweep.get("metric", {}).get("name")
     first = next_run_number(root)
@@ -199,6 +200,8 @@ def run_sweep(
             score = best_score(run_dir, metric) if metric and returncode == 0 else None
             # A trial without a score has nothing to teach the sampler: Optuna calls it failed.
             study.tell(trial, score, state=TrialState.FAIL if score is None else None)
+            if returncode == CONFIG_ERROR:
+                break
     return signals.received
 
 
@@ -246,7 +249,27 @@ def main(argv: list[str] | None = None) -> int:
     if stopped_by:
         print(f"sweep stopped by {stopped_by.name}", flush=True)
         return EXIT_STATUS[stopped_by]
+    problem = sweep_problem(study, sweep.get("metric", {}).get("name"))
+    if problem is not None:
+        print(f"error: {options.sweep_file}: {problem}", file=sys.stderr)
+        return CONFIG_ERROR
     return 1 if any(trial.user_attrs.get("exit") for trial in study.trials) else 0
+
+
+def sweep_problem(study: optuna.Study, metric: str | None) -> str | None:
+    """What is wrong with the sweep file where its trials show it: a run refused its settings, or none of the runs
+    that finished logged the metric. None where neither."""
+    ran = [trial for trial in study.trials if "exit" in trial.user_attrs]  # not a grid's queued ones
+    last = ran[-1] if ran else None
+    if last is not None and last.user_attrs["exit"] == CONFIG_ERROR:
+        return (
+            f"the sweep stopped: {last.user_attrs['run_dir']} was refused its settings (its error line is above), as"
+            " the next runs would be: fix the sweep's parameters or command"
+        )
+    finished = [trial for trial in ran if trial.user_attrs["exit"] == 0]
+    if metric and finished and all(trial.value is None for trial in finished):
+        return f"no run logged metric.name {metric!r}: set it to a metric the model logs"
+    return None
 
 
 if __name__ == "__main__":
