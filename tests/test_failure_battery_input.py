@@ -4,8 +4,8 @@ Each case runs the default generated project's `train.py fit` for real on the re
 with one bad thing in it. Promised: exit status 2 (a configuration error: retrying cannot help)
 within seconds, one `error:` line that says what is wrong and where (the key, the config file, the
 data file and what it holds, the checkpoint and what to do), no usage text, no traceback, and no
-checkpoint written or changed. Settings and config files are checked before anything starts, so
-their line is the first thing the run prints.
+checkpoint written or changed, nor the config.yaml of the run that saved them. Settings and config
+files are checked before anything starts, so their line is the first thing the run prints.
 """
 
 import random
@@ -220,8 +220,9 @@ CHECKED_WHEN_THE_RUN_STARTS = [
 ]  # fmt: skip
 
 
-def checkpoints(run_dir: Path) -> dict[Path, int]:
-    return {path: path.stat().st_mtime_ns for path in run_dir.rglob("*.ckpt")}
+def run_record(run_dir: Path) -> dict[Path, int]:
+    """When each checkpoint, and the config of the run that saved them, was last written."""
+    return {path: path.stat().st_mtime_ns for path in [*run_dir.rglob("*.ckpt"), *run_dir.glob("config.yaml")]}
 
 
 @pytest.mark.parametrize(
@@ -230,7 +231,7 @@ def checkpoints(run_dir: Path) -> dict[Path, int]:
 def test_bad_input_is_refused_in_one_line(bad_input, default_project, real_mnist, tmp_path, request):
     case = Case(tmp_path, real_mnist, request)
     more, says = bad_input(case)
-    before = checkpoints(case.run_dir)
+    before = run_record(case.run_dir)
 
     ending = run_project(default_project, *fit(case.digits, case.run_dir, *more))
 
@@ -239,4 +240,4 @@ def test_bad_input_is_refused_in_one_line(bad_input, default_project, real_mnist
     for part in says[1:]:
         assert part in ending.error_lines[0], ending.tail()
     assert "usage:" not in ending.stderr, "the usage text is for --help"
-    assert checkpoints(case.run_dir) == before, "a checkpoint was written or changed"
+    assert run_record(case.run_dir) == before, "a checkpoint, or the run's config.yaml, was written or changed"

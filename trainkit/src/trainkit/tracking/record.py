@@ -14,10 +14,11 @@ from trainkit.checkpoints.provenance import KEY, collect_provenance
 
 
 class SaveRunRecord(SaveConfigCallback):
-    """Save the resolved config of a fit as `<default_root_dir>/config.yaml` (replacing an earlier run's), give the
-    logger the run's provenance (checkpoints/provenance.py: the config, the git commit, versions, the cluster setup),
-    and put that provenance in every checkpoint the run saves. A fit that resumes from a checkpoint trained with
-    another config says what differs: the optimizer's state, its learning rate among it, comes from the checkpoint."""
+    """Save the resolved config of a fit as `<default_root_dir>/config.yaml` (replacing an earlier run's) once it
+    starts training, give the logger the run's provenance (checkpoints/provenance.py: the config, the git commit,
+    versions, the cluster setup), and put that provenance in every checkpoint the run saves. A fit that resumes from
+    a checkpoint trained with another config says what differs: the optimizer's state, its learning rate among it,
+    comes from the checkpoint."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, save_to_log_dir=False, **kwargs)
@@ -27,14 +28,19 @@ class SaveRunRecord(SaveConfigCallback):
         # One self-contained file: saved apart, composed configs such as model/x.yaml and data/x.yaml
         # would overwrite each other next to it. Dumped once (it checks the whole config each time).
         config_yaml = self.parser.dump(self.config, skip_none=False)
-        if stage == TrainerFn.FITTING:  # validate, test and predict read a run: its config is the one fit trained with
-            path = Path(trainer.default_root_dir, self.config_filename)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(config_yaml)
         self.provenance = collect_provenance(trainer, config_yaml)
         record = {**self.provenance, "config": yaml.safe_load(config_yaml)}
         for logger in trainer.loggers:
             logger.log_hyperparams(record)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Not before: a fit refused as it sets up (a checkpoint that does not fit, an optimizer setting torch
+        # refuses) would replace the config of the run whose checkpoints are here. Validate, test and predict
+        # read a run: its config is the one fit trained with.
+        if self.provenance is not None:
+            path = Path(trainer.default_root_dir, self.config_filename)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(self.provenance["config"])
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         # Lightning calls this for every checkpoint but those of `save_weights_only` (ModelCheckpoint's
