@@ -91,7 +91,9 @@ def test_a_sigterm_at_the_runs_last_step_keeps_its_end_for_a_longer_run_to_go_on
     # Trained on for another epoch from it: the weights of a run never stopped.
     longer = run_train(*args, "--trainer.max_epochs", "2")
     assert longer.returncode == 0, longer.stderr[-3000:]
-    assert resume_lines(longer)[0] == f"resume: going on from {preempted}, saved at step 4 with 1 epoch finished"
+    assert resume_lines(longer)[0] == (
+        f"resume: going on from {preempted}, saved at step 4 with 1 epoch finished; epoch 1's validation did not run"
+    )
     whole = run_train("fit", *quick_run_args(experiment, tmp_path / "whole"), "--trainer.max_epochs", "2")
     assert whole.returncode == 0, whole.stderr[-3000:]
     resumed, uninterrupted = (torch.load(path / "last.ckpt", weights_only=True)

@@ -77,9 +77,11 @@ class RefuseCheckpointsThatDoNotFit(Callback):
             return
         # Lightning says only which file it restores; where in the run that file is tells the researcher what is left.
         epochs_done, step = epochs_and_step(checkpoint)
+        # A stop at an epoch's last step resumes as that epoch's end (checkpoints/epoch_end.py), without its validation.
+        skipped = f"; epoch {epochs_done}'s validation did not run" if saved_at_an_epochs_last_step(checkpoint) else ""
         rank_zero_info(
             f"resume: going on from {trainer.ckpt_path}, saved at step {step} with {epochs_done} epoch"
-            f"{'' if epochs_done == 1 else 's'} finished"
+            f"{'' if epochs_done == 1 else 's'} finished{skipped}"
         )
 
 
