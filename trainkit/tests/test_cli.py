@@ -394,6 +394,16 @@ def test_the_researchers_data_module_refusing_its_input_is_one_line(experiment, 
     assert errors == [message.format(tmp_path=tmp_path)], result.stderr[-3000:]
 
 
+def test_a_model_and_data_module_with_a_hyperparameter_of_one_name_and_two_values_train(experiment, tmp_path):
+    """Lightning refused to start the fit: "Error while merging hparams", a traceback and exit 1."""
+    pair = ("--model", "tasks.named_alike.WideRegressor", "--data", "tasks.named_alike.ColourTable")
+    result = run_train("fit", "--config", str(experiment), *quick_trainer_args(tmp_path / "run"), *pair,
+                       "--best_checkpoint.monitor", "val_loss")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())  # what the logger gets, both whole
+    assert config["model"]["init_args"]["channels"] == 32 and config["data"]["init_args"]["channels"] == 3
+
+
 def test_a_setting_lightning_refuses_at_the_first_epochs_end_is_one_line_after_last_ckpt(experiment, tmp_path):
     """A ReduceLROnPlateau on a metric validation does not log: exit 2 (a retry fails the same), the epoch kept."""
     model = ("--model", "tasks.broken.ReducesOnAMetricItNeverLogs", "--data", "tasks.regression.Table")

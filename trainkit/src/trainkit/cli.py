@@ -75,7 +75,7 @@ from trainkit.store.object_store import ObjectStore, StoreError, open_store
 from trainkit.strategies.sharded import ShardedStrategy
 from trainkit.strategies.timeouts import use_timeouts_for_ddp, watch_ddp_configured_by_class
 from trainkit.tracking.progress import PlainProgress
-from trainkit.tracking.record import SaveRunRecord
+from trainkit.tracking.record import SaveRunRecord, keep_hyperparameters_apart
 from trainkit.tracking.wandb_logger import choose_wandb_mode, keep_wandb_run_id
 
 # The kit's callbacks, logger and settings, loaded before the project's configs (which override them).
@@ -151,6 +151,7 @@ class ProjectCLI(LightningCLI):
         super().instantiate_classes()
         if self.datamodule is not None:
             say_what_the_data_module_did_not_give(self.model, self.datamodule, self._get(self.config, "model"))
+            keep_hyperparameters_apart(self.model, self.datamodule)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self.config_init[self.subcommand]

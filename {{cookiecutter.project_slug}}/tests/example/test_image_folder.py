@@ -73,7 +73,10 @@ def test_channels_and_size_are_converted_when_asked(tmp_path):
         ("no classes", "has no class folders"),
         ("other classes", r"other class folders than train/: missing \['emu'\], extra \['yak'\]"),
         ("no images", "holds no .png or .jpg images"),
+        ("a class with no images", r"train/yak holds no .png or .jpg images: add some, or remove the class folder"),
         ("sizes differ", "set data.image_size"),
+        ("a damaged image", r"train/dog/0.png cannot be read as an image: image file is truncated"),
+        ("colour after gray", r"train/dog/0.png has 3 channels, \S+/train/cat/0.png \(the first training image"),
     ],
 )
 def test_a_folder_that_does_not_fit_is_named_in_one_line(tmp_path, case, message):
@@ -90,11 +93,26 @@ def test_a_folder_that_does_not_fit_is_named_in_one_line(tmp_path, case, message
     elif case == "no images":
         for path in (root / "train").glob("*/*.png"):
             path.rename(path.with_suffix(".txt"))
-    else:
+    elif case == "a class with no images":
+        for split in ("train", "val", "test"):
+            (root / split / "yak").mkdir()
+    elif case == "sizes differ":
         write_images(root, "train", "dog", 1, size=(7, 7))
+    elif case == "a damaged image":
+        damaged = root / "train" / "dog" / "0.png"
+        damaged.write_bytes(damaged.read_bytes()[:-60])
+    else:
+        root = image_folder(tmp_path / "gray", mode="L")
+        write_images(root, "train", "dog", 1)  # dog/0.png in colour, among gray images: its colours would be lost
     with pytest.raises(ConfigError, match=message) as error:
         ImageFolderDataModule(str(root)).setup("fit")
     assert "\n" not in str(error.value)
+
+
+def test_hidden_folders_are_no_classes(tmp_path):
+    root = image_folder(tmp_path)
+    write_images(root, "train", ".ipynb_checkpoints", 1)
+    assert ImageFolderDataModule(str(root)).classes == ["cat", "dog", "emu"]
 
 
 def test_a_folder_of_rgba_images_converts_to_chunks_that_stream_the_same_pixels(tmp_path):

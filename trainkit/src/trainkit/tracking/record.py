@@ -4,8 +4,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
@@ -62,6 +63,22 @@ class SaveRunRecord(SaveConfigCallback):
             rank_zero_info(
                 f"resume: {trainer.ckpt_path} was trained with another config: {', '.join(changes[:5])}{more}"
             )
+
+
+def keep_hyperparameters_apart(model: LightningModule, data: LightningDataModule) -> None:
+    """Lightning logs the model's and the data module's hyperparameters as one set, and refuses to start a fit where
+    a name is in both with two values: the example model's `channels` (its width) beside an image folder's (its
+    colours), a `seed` of each. The logger has both whole in the run's config (SaveRunRecord): the data module's own
+    set is left out then."""
+    ours, theirs = model.hparams_initial, data.hparams_initial
+    if any(not same_value(ours[name], theirs[name]) for name in ours.keys() & theirs.keys()):
+        data._log_hyperparams = False  # what `save_hyperparameters(logger=False)` sets
+
+
+def same_value(one: Any, other: Any) -> bool:
+    if isinstance(one, torch.Tensor) or isinstance(other, torch.Tensor):
+        return isinstance(one, torch.Tensor) and isinstance(other, torch.Tensor) and torch.equal(one, other)
+    return bool(one == other)
 
 
 def without_ckpt_path(config: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,15 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
 MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}  # each channel count's image mode: gray, gray + alpha, RGB, RGBA
 
 
+def decoded(path: Path) -> Image.Image:
+    """An image file decoded. An image with a palette gets the channels of its colours (RGB or RGBA)."""
+    try:
+        with Image.open(path) as file:
+            return file.convert()
+    except (OSError, Image.DecompressionBombError) as error:  # truncated, not an image, or too large
+        raise ConfigError(f"{path} cannot be read as an image: {error}") from None
+
+
 def channel_statistics(images: Tensor) -> tuple[Tensor, Tensor]:
     """Per-channel mean and standard deviation of uint8 images (N, C, H, W), scaled to [0, 1]."""
     total = torch.zeros(images.shape[1], dtype=torch.float64)
@@ -46,7 +55,8 @@ class ImageFolderDataModule(LightningDataModule):
         root: the folder holding `train/`, `val/` and optionally `test/`.
         image_size: [height, width] every image is resized to; without it all images must have one size.
         channels: 1 (gray), 2 (gray + alpha), 3 (RGB) or 4 (RGBA), each image converted to it;
-            by default as many as the first training image has.
+            by default as many as the first training image has (an image with more is refused: its
+            colours would be dropped).
         batch_size: images per batch on each process.
         num_workers: DataLoader worker processes (0 reads in the training process: the data is in memory).
     """
@@ -68,8 +78,9 @@ class ImageFolderDataModule(LightningDataModule):
         # What the model needs to know, found before setup: the command line passes it on to the model.
         self.classes = self._class_names()
         self.num_classes = len(self.classes)
-        # An image with a palette counts the channels of its colours (convert() chooses RGB or RGBA for it).
-        self.in_channels = channels or len(Image.open(self._image_files("train")[0][0]).convert().getbands())
+        self.channels_given = channels is not None
+        self.first_image = self._image_files("train")[0][0]
+        self.in_channels = channels or len(decoded(self.first_image).getbands())
         if self.in_channels not in MODES:
             raise ConfigError(f"data.channels must be 1, 2, 3 or 4, got {self.in_channels}")
 
@@ -110,7 +121,8 @@ class ImageFolderDataModule(LightningDataModule):
         for split in SPLITS:
             folder = self.root / split
             if folder.is_dir():
-                classes[split] = sorted(path.name for path in folder.iterdir() if path.is_dir())
+                # Not a hidden folder (.ipynb_checkpoints, a sync tool's): no class of the researcher's.
+                classes[split] = sorted(path.name for path in folder.iterdir() if path.is_dir() and path.name[0] != ".")
             elif split != "test":
                 raise ConfigError(f"image folder {self.root.resolve()} has no {split}/ folder")
         if not classes["train"]:
@@ -137,6 +149,12 @@ class ImageFolderDataModule(LightningDataModule):
         ]
         if not files:
             raise ConfigError(f"{folder.resolve()} holds no .png or .jpg images in its class folders")
+        empty = [name for label, name in enumerate(self.classes) if all(file[1] != label for file in files)]
+        if split == "train" and empty:  # a class the model would be built for and never see
+            raise ConfigError(
+                f"{(folder / empty[0]).resolve()} holds no .png or .jpg images: add some, or remove the class folder"
+                " from every split"
+            )
         return files
 
     def _load(self, split: str) -> TensorDataset:
@@ -144,8 +162,13 @@ class ImageFolderDataModule(LightningDataModule):
         files = self._image_files(split)
         images = []
         for path, _ in files:
-            with Image.open(path) as file:
-                image = file.convert(MODES[self.in_channels])
+            image = decoded(path)
+            if len(image.getbands()) > self.in_channels and not self.channels_given:  # its colours would be lost
+                raise ConfigError(
+                    f"{path} has {len(image.getbands())} channels, {self.first_image} (the first training image, which"
+                    f" sets the count) {self.in_channels}: set data.channels to the count to convert every image to"
+                )
+            image = image.convert(MODES[self.in_channels])
             if self.image_size is not None:
                 height, width = self.image_size
                 image = image.resize((width, height), Image.Resampling.BILINEAR)
