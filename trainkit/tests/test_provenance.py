@@ -109,6 +109,15 @@ def test_outside_git_the_commit_is_the_one_the_image_was_built_with(tmp_path, mo
     assert provenance.image_git_state()["dirty"] is True
 
 
+def test_code_of_no_commit_is_said_to_be_unknown_and_from_nowhere(monkeypatch):
+    monkeypatch.delenv(provenance.COMMIT_VARIABLE, raising=False)
+    found = {"git": provenance.image_git_state(), "versions": {}, "collected_at": "now",
+             "environment": {"platform": "local", "hostname": "laptop", "image": None},
+             "counts": {"num_nodes": 1, "devices_per_node": 1, "world_size": 1}}  # fmt: skip
+    (code,) = [line for line in provenance.summary({provenance.KEY: found}).splitlines() if line.startswith("code")]
+    assert code == "code      unknown (no git repository, and not an image built with PROVENANCE_COMMIT)"
+
+
 def test_show_refuses_checkpoints_that_could_run_code_and_says_when_none_is_recorded(tmp_path):
     unsafe, plain = tmp_path / "unsafe.ckpt", tmp_path / "plain.ckpt"
     torch.save({"state_dict": {}, "hook": os.system}, unsafe)  # unpickling it would import os.system

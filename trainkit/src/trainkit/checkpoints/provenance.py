@@ -156,7 +156,7 @@ def summary(checkpoint: dict[str, Any]) -> str:
     extra = [f"{name}={value}" for name, value in environment.items() if name in PLATFORM_VARIABLES]
     lines = {
         "step": f"{checkpoint.get('global_step')} (epoch {checkpoint.get('epoch')})",
-        "code": f"{code}, from {git['source']}",
+        "code": code if git["commit"] is None else f"{code}, from {git['source']}",
         "versions": ", ".join(
             f"{name} {version or 'from its folder, not installed'}" for name, version in found["versions"].items()
         ),
