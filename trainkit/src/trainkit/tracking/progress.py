@@ -45,9 +45,10 @@ class PlainProgress(Callback):
         rate = (step - self._since_step) / (now - self._since_time)
         self._since_time, self._since_step = now, step
         batch = trainer.fit_loop.epoch_loop.batch_progress.current.completed + 1
-        where = f"{_epoch(trainer)} step {batch}{_out_of(trainer.num_training_batches)}"
-        if trainer.accumulate_grad_batches > 1:  # an epoch's length counts batches; a checkpoint's step, steps
-            where = f"{_epoch(trainer)} batch {batch}{_out_of(trainer.num_training_batches)} (step {step})"
+        in_epoch = f"{batch}{_out_of(trainer.num_training_batches)}"
+        # An epoch's length counts batches; a checkpoint's step counts optimizer steps.
+        position = f"batch {in_epoch} (step {step})" if trainer.accumulate_grad_batches > 1 else f"step {in_epoch}"
+        where = f"{_epoch(trainer)} {position}"
         training = {name: value for name, value in trainer.callback_metrics.items()
                     if name not in self._validation_names}  # fmt: skip
         log.info(f"{where} {_shown(training)} ({rate:.1f} steps/s)")
