@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from trainkit.checkpoints.fit import stopped_early
 from trainkit.cli import DEFAULTS, ProjectCLI
 from trainkit.cluster.settings import ClusterSettings
+from trainkit.run.errors import ConfigError
 from trainkit.strategies.ddp import WatchedDDPStrategy
 from trainkit.strategies.timeouts import use_timeouts_for_ddp, watch_ddp_configured_by_class
 from trainkit.testing.configs import print_config
@@ -297,7 +298,7 @@ class ClassesCountedInSetup(LightningDataModule):
         return self.tiny.on_after_batch_transfer(batch, dataloader_idx)
 
 
-def test_a_model_argument_the_data_module_does_not_give_is_said_once(experiment, tmp_path):
+def test_a_model_argument_the_data_module_does_not_give_is_said_and_one_it_replaces_is_refused(experiment, tmp_path):
     args = ["fit", "--config", str(experiment), "--trainer.fast_dev_run", "true", "--trainer.accelerator", "cpu",
             "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]  # fmt: skip
 
@@ -316,6 +317,9 @@ def test_a_model_argument_the_data_module_does_not_give_is_said_once(experiment,
     ]
     assert said("tiny data") == []  # the tests' own data module gives both
     assert said("set by hand", *setup_only, "--model.num_classes", "5") == []
+    assert said("set as the data has it", "--model.num_classes", str(TinyDataModule.num_classes)) == []
+    with pytest.raises(ConfigError, match=r"^model\.num_classes is 5, but TinyDataModule gives num_classes 4, which"):
+        said("set otherwise", "--model.num_classes", "5")  # the data module's would replace it without a word
 
 
 def test_a_model_that_does_not_log_the_monitored_metric_trains_to_the_end_saving_last_every_epoch(experiment, tmp_path):

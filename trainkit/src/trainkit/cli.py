@@ -5,7 +5,6 @@ so this module never imports the researcher's code. Everything a run writes goes
 `trainer.default_root_dir`: checkpoints in `checkpoints/`, the logger's files and `config.yaml`.
 """
 
-import inspect
 import logging
 import os
 import sys
@@ -17,10 +16,10 @@ import torch.distributed as dist
 from jsonargparse import ArgumentError, Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.environments import ClusterEnvironment
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from trainkit.checkpoints.best import BestCheckpointSettings, add_best_checkpoint
@@ -60,6 +59,7 @@ from trainkit.run.config import (
     use_sweep_run_dir,
 )
 from trainkit.run.config_errors import OneLineErrorParser, mistake_in_the_researchers_code, one_line
+from trainkit.run.data_to_model import check_what_the_model_got, pass_data_to_model
 from trainkit.run.diagnostics import ExplainDistributedFailure, LogProcessPlacement, lost_contact
 from trainkit.run.errors import ConfigError
 from trainkit.run.exit_codes import CANNOT_WRITE, CONFIG_ERROR, INTERRUPTED, LOST_NODE, PREEMPTED
@@ -81,8 +81,6 @@ from trainkit.tracking.wandb_logger import choose_wandb_mode, keep_wandb_run_id
 # The kit's callbacks, logger and settings, loaded before the project's configs (which override them).
 DEFAULTS = Path(__file__).with_name("defaults.yaml")
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
-# What a data module knows of its samples once built, that the model is built with (docs/configuration.md).
-FROM_DATA_TO_MODEL = ("in_channels", "num_classes", "vocab_size", "in_features", "out_features")
 
 
 class ProjectCLI(LightningCLI):
@@ -97,11 +95,7 @@ class ProjectCLI(LightningCLI):
         parser.add_class_arguments(ClusterSettings, "cluster")
         parser.add_class_arguments(CheckpointStoreSettings, "checkpoint_store")
         parser.add_class_arguments(CheckpointSavingSettings, "checkpoint_saving")
-        # What the data module knows about its samples is not repeated in the model's config: a model
-        # with an argument of one of these names gets the data module's attribute of that name (where
-        # either has none, nothing is passed).
-        for shared in FROM_DATA_TO_MODEL:
-            parser.link_arguments(f"data.{shared}", f"model.init_args.{shared}", apply_on="instantiate")
+        pass_data_to_model(parser)  # what the data module knows about its samples is not repeated for the model
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         if isinstance(args, (dict, Namespace)):
@@ -150,7 +144,7 @@ class ProjectCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         if self.datamodule is not None:
-            say_what_the_data_module_did_not_give(self.model, self.datamodule, self._get(self.config, "model"))
+            check_what_the_model_got(self.model, self.datamodule, self._get(self.config, "model"))
             keep_hyperparameters_apart(self.model, self.datamodule)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
@@ -229,19 +223,6 @@ class ProjectCLI(LightningCLI):
     def _chosen_checkpoint(self, trainer: Trainer) -> Path | None:
         chosen = self.config_init[self.subcommand].get("ckpt_path")
         return None if chosen in (None, *CHECKPOINT_ALIASES) or "://" in chosen else Path(chosen)
-
-
-def say_what_the_data_module_did_not_give(model: LightningModule, data: LightningDataModule, config: Namespace) -> None:
-    """One line for each argument of FROM_DATA_TO_MODEL that the model left at its default because the built data
-    module has no attribute of that name: one set in `setup` comes too late to be passed on."""
-    parameters = inspect.signature(type(model).__init__).parameters
-    for name in FROM_DATA_TO_MODEL:
-        if name in parameters and not hasattr(data, name) and config.init_args.get(name) == parameters[name].default:
-            rank_zero_warn(
-                f"model.{name} is its default, {parameters[name].default!r}: {type(data).__name__} has no {name} once"
-                f" built. Set self.{name} in its __init__ to pass it on (one set in setup comes too late), or set"
-                f" model.{name} in the model's config."
-            )
 
 
 def checked_store(settings: CheckpointStoreSettings, writable: bool) -> ObjectStore | None:
