@@ -95,6 +95,14 @@ def test_ckpt_path_best_finds_the_best_checkpoint_of_an_earlier_fit(experiment, 
     )
     assert run_train("fit", *quick_run_args(experiment, run_dir), "--trainer.max_epochs", "2").returncode == 0
     (best,) = checkpoints.glob("best-*.ckpt")
+    other_metric = run_train("test", *quick_run_args(experiment, run_dir), "--ckpt_path", "best",
+                             "--best_checkpoint.monitor", "val/loss", "--best_checkpoint.mode", "min")  # fmt: skip
+    assert other_metric.returncode == 2, other_metric.stderr[-3000:]
+    assert (
+        f"error: ckpt_path best: {checkpoints / 'last.ckpt'} records no best checkpoint by val/loss (min), only by"
+        " val/acc (max): give --best_checkpoint.monitor val/acc --best_checkpoint.mode max as the run did, or pass a"
+        " checkpoint file"
+    ) in other_metric.stderr.splitlines()
     moved = tmp_path / "moved"  # as a run directory copied off a cluster: the recorded path is gone
     run_dir.rename(moved)
     tested = run_train("test", *quick_run_args(experiment, moved), "--ckpt_path", "best")

@@ -7,6 +7,7 @@ directory, so that `test`, `validate` and `predict` in a new process use the bes
 which only that strategy loads.
 """
 
+import ast
 import pickle
 import zipfile
 from pathlib import Path
@@ -74,9 +75,7 @@ def find_best_checkpoint(callback: Checkpoint | None, store: ObjectStore | None 
     states = checkpoint_meta(newest).get("callbacks", {})
     best = states.get(callback.state_key, {}).get("best_model_path")
     if not best:
-        raise ConfigError(
-            f"ckpt_path best: {newest} records no best checkpoint of {callback.state_key}; pass a checkpoint file"
-        )
+        raise ConfigError(f"ckpt_path best: {newest} records no best checkpoint {_kept_by(callback, states)}")
     # A run directory copied or moved since keeps the file names: look for the same name here.
     best = Path(best) if Path(best).exists() else directory / Path(best).name
     if not best.exists() and store is not None:
@@ -84,6 +83,30 @@ def find_best_checkpoint(callback: Checkpoint | None, store: ObjectStore | None 
     if not best.exists():
         raise ConfigError(f"ckpt_path best: {newest} names {best.name} as the best checkpoint, not in {directory}")
     callback.best_model_path = str(best)
+
+
+def _kept_by(callback: ModelCheckpoint, states: dict) -> str:
+    """Which metric the best checkpoint asked for is kept by, and which the checkpoint's run kept one by."""
+    asked = f"by {callback.monitor} ({callback.mode})" if callback.monitor else f"of {callback.state_key}"
+    recorded = [settings for key, state in states.items() if (settings := _monitor_and_mode(key, state))]
+    if not recorded:
+        return f"{asked}; pass a checkpoint file"
+    monitor, mode = recorded[0]
+    return (
+        f"{asked}, only by {monitor} ({mode}): give --best_checkpoint.monitor {monitor} --best_checkpoint.mode {mode}"
+        f" as the run did, or pass a checkpoint file"
+    )
+
+
+def _monitor_and_mode(state_key: str, state: object) -> tuple[str, str] | None:
+    """A ModelCheckpoint's metric and mode, from its state's key: its class and settings as Lightning wrote them."""
+    if not isinstance(state, dict) or not state.get("best_model_path") or "{" not in state_key:
+        return None
+    try:
+        settings = ast.literal_eval(state_key[state_key.index("{") :])
+    except (ValueError, SyntaxError):  # a setting with no literal form (a timedelta)
+        return None
+    return (settings["monitor"], settings["mode"]) if settings.get("monitor") and settings.get("mode") else None
 
 
 def refuse_sharded_without_strategy(path: Path | None, sharded_strategy: bool) -> None:
