@@ -115,16 +115,26 @@ def test_a_broken_pair_fails_one_test_in_one_line_naming_the_problem(tmp_path: P
 
 
 @pytest.mark.drills
-def test_a_model_that_keeps_state_out_of_its_checkpoints_fails_the_drill_naming_the_likely_cause(tmp_path: Path):
-    args = (*EXPERIMENT, "--model", "tasks.broken.WarmsUpOnAPlainCounter", "--data", "tasks.regression.Table",
-            "--best_checkpoint.monitor", "val_loss")  # fmt: skip
+@pytest.mark.parametrize(
+    ("model", "likely"),
+    [
+        ("tasks.broken.WarmsUpOnAPlainCounter",
+         "training depends on state the checkpoint does not keep: a plain attribute that changes as it trains"),
+        ("tasks.broken.AnnealsAtEachEpochsEnd",
+         "AnnealsAtEachEpochsEnd.on_train_epoch_end runs at each epoch's end, and a run stopped at an epoch's last step"
+         " resumes with the next epoch, without that epoch's end hooks: set what training depends on from"
+         " self.current_epoch in on_train_epoch_start instead (docs/checkpoints.md); or training depends on state"),
+    ],
+    ids=["state in a plain attribute", "state changed at epochs' ends"],
+)  # fmt: skip
+def test_a_model_that_resumes_otherwise_fails_the_drill_naming_the_likely_cause(tmp_path: Path, model, likely):
+    args = (*EXPERIMENT, "--model", model, "--data", "tasks.regression.Table", "--best_checkpoint.monitor", "val_loss")
     report = contract_report(tmp_path, args, "drills", "-k", "1-process")
     failed = [row for row in report.splitlines() if row.startswith("FAILED")]
     assert len(failed) == 1 and failed[0].startswith(
         "FAILED test_pair.py::TestBrokenPair::test_sigterm_at_an_epochs_end_then_mid_epoch_then_the_same_command_trains"
         "_the_same_weights[1-process] - AssertionError: exact resume: after SIGTERM at steps 8 and 9 and the same"
-        " command again, the weights differ from an uninterrupted run's; training depends on state the checkpoint"
-        " does not keep: a plain attribute that changes as it trains"
+        f" command again, the weights differ from an uninterrupted run's; {likely}"
     ), report[-4000:]
     assert "def drill" not in report, report[-4000:]  # the failure's message, not the drill's code
 

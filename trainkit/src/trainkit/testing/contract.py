@@ -23,12 +23,13 @@ from pathlib import Path
 from unittest.mock import patch
 
 import pytest
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer, seed_everything
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer, seed_everything
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from trainkit.cli import ProjectCLI
+from trainkit.run.config import class_of, configured
 from trainkit.run.config_errors import OneLineErrorParser
 from trainkit.run.researchers_code import raised_in, researchers_file
 from trainkit.testing.runs import clean_env, exit_code, paced, run_train, signal_at, start_train, wait_for
@@ -44,6 +45,12 @@ NOT_IN_THE_CHECKPOINT = (
     "training depends on state the checkpoint does not keep: a plain attribute that changes as it trains (keep it"
     " in a registered buffer, or in on_save_checkpoint and on_load_checkpoint), or random numbers not drawn from"
     " torch's, random's or NumPy's global generators"
+)
+# Why a resumed run trains otherwise where the project has epoch-end hooks (checkpoints/epoch_end.py).
+SKIPPED_AT_AN_EPOCHS_LAST_STEP = (
+    "at each epoch's end, and a run stopped at an epoch's last step resumes with the next epoch, without that"
+    " epoch's end hooks: set what training depends on from self.current_epoch in on_train_epoch_start instead"
+    " (docs/checkpoints.md)"
 )
 # A frame of a Python traceback in a run's output, stripped.
 TRACEBACK_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
@@ -192,13 +199,17 @@ class YourCodeContract:
 
     def build(self, *extra: str) -> tuple[LightningModule, LightningDataModule | None]:
         """The model and data module as train.py makes them from the project's args, in this process."""
+        built = self.command_line(*extra)
+        return built.model, built.datamodule
+
+    def command_line(self, *extra: str) -> "_ModelAndDataOnly":
+        """train.py's command line on the project's args, in this process: the model and data module made."""
         with chdir(self.project), patch.object(sys, "argv", ["train.py"]):  # pytest's own arguments are not train.py's
-            built = _ModelAndDataOnly(
+            return _ModelAndDataOnly(
                 LightningModule, None, subclass_mode_model=True, subclass_mode_data=True,
                 save_config_callback=None, parser_class=OneLineErrorParser, run=False,
                 args=[*self.run_args, "--trainer.logger", "false", *extra],
             )  # fmt: skip
-        return built.model, built.datamodule
 
     def evaluate(
         self, stage: str, model: LightningModule, data: LightningDataModule | None, ckpt: Path, out_dir: Path, **kwargs
@@ -275,12 +286,31 @@ class YourCodeContract:
         assert rerun.returncode == 0, (
             f"resume: the same command ended with exit {rerun.returncode}: {why(rerun, self.project)}"
         )
-        said = [line.removeprefix(EXACT_RESUME).strip() for run in (stopped, interrupted, rerun)
-                for line in said_lines(run, EXACT_RESUME)]  # fmt: skip
-        assert rerun.weights() == whole.weights(), (
-            f"exact resume: after SIGTERM at steps {steps_per_epoch} and {at_step} and the same command again, the"
-            f" weights differ from an uninterrupted run's; {said[0] if said else NOT_IN_THE_CHECKPOINT}"
-        )
+        if rerun.weights() != whole.weights():
+            said = [line.removeprefix(EXACT_RESUME).strip() for run in (stopped, interrupted, rerun)
+                    for line in said_lines(run, EXACT_RESUME)]  # fmt: skip
+            hooks = self.epoch_end_hooks()
+            likely = said[0] if said else NOT_IN_THE_CHECKPOINT
+            if hooks and not said:
+                runs = "runs" if len(hooks) == 1 else "run"
+                likely = f"{' and '.join(hooks)} {runs} {SKIPPED_AT_AN_EPOCHS_LAST_STEP}; or {likely}"
+            raise AssertionError(
+                f"exact resume: after SIGTERM at steps {steps_per_epoch} and {at_step} and the same command again, the"
+                f" weights differ from an uninterrupted run's; {likely}"
+            )
+
+    def epoch_end_hooks(self) -> list[str]:
+        """The project's own `on_train_epoch_end` hooks: its model's and its callbacks' (not Lightning's, the kit's)."""
+        built = self.command_line()
+        model = built.model
+        own_callbacks = model.configure_callbacks()  # one callback or several
+        own_callbacks = [own_callbacks] if isinstance(own_callbacks, Callback) else list(own_callbacks)
+        owners = [model, *own_callbacks, *built.callback_classes]
+        return [
+            f"{_name(owner)}.on_train_epoch_end"
+            for owner in owners
+            if _projects_own(owner) and is_overridden("on_train_epoch_end", owner, parent=_lightning_base(owner))
+        ]
 
 
 class _ModelAndDataOnly(ProjectCLI):
@@ -296,6 +326,23 @@ class _ModelAndDataOnly(ProjectCLI):
     def instantiate_classes(self) -> None:
         built = self.parser.instantiate_classes(self.config)
         self.model, self.datamodule = built.model, built.get("data")
+        # The classes only: a callback may do things when it is made (open files, start threads).
+        self.callback_classes = [
+            class_of(callback.class_path) for callback in configured(self.config.trainer.callbacks)
+        ]
+
+
+def _name(owner: object) -> str:
+    return owner.__name__ if isinstance(owner, type) else type(owner).__name__
+
+
+def _projects_own(owner: object) -> bool:
+    module = (owner if isinstance(owner, type) else type(owner)).__module__
+    return module.partition(".")[0] not in ("lightning", "pytorch_lightning", "trainkit")
+
+
+def _lightning_base(owner: object) -> type:
+    return LightningModule if isinstance(owner, LightningModule) else Callback
 
 
 def trained(fitted: Run) -> None:

@@ -67,6 +67,21 @@ class WarmsUpOnAPlainCounter(Regressor):
         return super().training_step(batch, batch_idx) * min(1.0, self.steps_taken / self.warmup_steps)
 
 
+class AnnealsAtEachEpochsEnd(Regressor):
+    """A loss weight kept in a registered buffer and halved at each epoch's end: the checkpoint keeps it, but a run
+    stopped at an epoch's last step resumes without that epoch's end (checkpoints/epoch_end.py)."""
+
+    def __init__(self, in_features: int, hidden: int = 32, lr: float = 1e-2) -> None:
+        super().__init__(in_features, hidden, lr)
+        self.register_buffer("loss_weight", torch.tensor(1.0))
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return super().training_step(batch, batch_idx) * self.loss_weight
+
+    def on_train_epoch_end(self) -> None:
+        self.loss_weight /= 2
+
+
 class DivergesToNaN(Regressor):
     """A loss that is not a number from the first step: the weights, and every score after, are NaN."""
 
