@@ -82,7 +82,8 @@ class Case:
 
 
 def unknown_key(case: Case) -> tuple[list[str], list[str]]:
-    return ["--model.hiden", "64"], ["model: ", "'hiden'"]
+    # Given beside the file of its section, as one change is tried: the line names no file, which holds no such key.
+    return ["--model", "configs/model/image_classifier.yaml", "--model.hiden", "64"], ["error: model: ", "'hiden'"]
 
 
 def abbreviated_option(case: Case) -> tuple[list[str], list[str]]:

@@ -27,6 +27,7 @@ from trainkit.run.researchers_code import raised_in
 PARSER_KEY = re.compile(r'^Parser key "([^"]+)":')
 CLASS_NAME = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")  # <class 'int'> -> int
 NOT_AN_IMPORT_PATH = "Unexpected import path format:"
+UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted")
 # Where the researcher's data module and model prepare their data: a file missing there is bad input.
 PREPARING = ("prepare_data", "setup")
 MAKING_OPTIMIZERS = ("configure_optimizers",)
@@ -46,7 +47,8 @@ class OneLineErrorParser(LightningArgumentParser):
             return super().parse_args(args, *rest, **kwargs)
         except ArgumentError as error:
             given = options_given(sys.argv[1:] if args is None else args)
-            file = file_that_set(error_key(error), given, Path())
+            key = error_key(error)
+            file = None if unknown_option_given(error, key, given) else file_that_set(key, given, Path())
             if file is None:
                 raise
             raise ArgumentError(None, f"{file}: {one_line(error)}") from None
@@ -90,6 +92,15 @@ def settings_in(path: str | os.PathLike) -> dict[str, object]:
         return settings
 
     return flatten(config, "") if isinstance(config, dict) else {}
+
+
+def unknown_option_given(error: BaseException, key: str | None, given: dict[str, str]) -> bool:
+    """Whether the option an error calls unknown was itself given in `given` (`--model.hiden` as well as `--model
+    configs/model/x.yaml`): then no file holds it."""
+    unknown = UNKNOWN_OPTION.search(_reason(_causes(error)[-1]))
+    return bool(unknown and key) and any(
+        name.startswith(f"{key}.") and name.endswith(f".{unknown[1]}") for name in given
+    )
 
 
 def file_that_set(key: str | None, given: dict[str, object], base: Path) -> Path | None:
