@@ -38,9 +38,14 @@ class TestACharacterLanguageModelOnTextFiles(DrilledOnTwoProcesses):
 
 class TestARegressionOnATable(DrilledOnTwoProcesses):
     project = PROJECT_ROOT
-    # Batch norm synchronised over the processes, as on GPUs (torch's SyncBatchNorm runs on GPUs only).
+    # Batch norm synchronised over the processes, as on GPUs (torch's SyncBatchNorm runs on GPUs only); validation
+    # twice an epoch, which the quick runs keep: the drill stops and resumes between the two.
     args = (*EXPERIMENT, "--model", "tasks.regression.Regressor", "--data", "tasks.regression.Table",
-            "--best_checkpoint.monitor", "val_loss", "--trainer.sync_batchnorm", "true")  # fmt: skip
+            "--best_checkpoint.monitor", "val_loss", "--trainer.sync_batchnorm", "true",
+            "--trainer.val_check_interval", "0.5")  # fmt: skip
+
+    def test_the_quick_runs_validate_as_often_as_the_project_does(self):
+        assert self.quick_val_check_interval() == 0.5
 
 
 class TestAGANWithTwoOptimizersAndNoiseInValidation(DrilledOnTwoProcesses):

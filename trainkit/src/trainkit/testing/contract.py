@@ -183,13 +183,23 @@ class YourCodeContract:
             "--trainer.max_steps", "-1",
             "--trainer.limit_train_batches", str(self.steps_per_epoch),
             "--trainer.limit_val_batches", "2",
-            "--trainer.val_check_interval", "1.0",
+            "--trainer.val_check_interval", str(self.quick_val_check_interval()),
             "--trainer.default_root_dir", str(run_dir),
             "--trainer.enable_progress_bar", "false",
             *extra,
             "--trainer.callbacks+=trainkit.testing.rank_report.ReportRank",
             "--trainer.callbacks.out_dir", str(run_dir / "ranks"),
         ]  # fmt: skip
+
+    def quick_val_check_interval(self) -> float | int:
+        """The project's `trainer.val_check_interval` where it fits a quick epoch (a fraction of it, or as many steps or
+        fewer), so that validation within an epoch is tried too; otherwise once an epoch."""
+        configured = self.command_line(parse_only=True).config.trainer.val_check_interval
+        if isinstance(configured, float) and 0 < configured < 1:
+            return configured
+        if isinstance(configured, int) and 0 < configured <= self.steps_per_epoch:
+            return configured
+        return 1.0
 
     def fit(self, run_dir: Path, *extra: str, wandb_mode: str = "offline") -> Run:
         """A quick run; wandb logs `offline` (the quick fit: what the model logs is written), or is `disabled`."""
@@ -202,10 +212,12 @@ class YourCodeContract:
         built = self.command_line(*extra)
         return built.model, built.datamodule
 
-    def command_line(self, *extra: str) -> "_ModelAndDataOnly":
-        """train.py's command line on the project's args, in this process: the model and data module made."""
+    def command_line(self, *extra: str, parse_only: bool = False) -> "_ModelAndDataOnly":
+        """train.py's command line on the project's args, in this process: the model and data module made, unless
+        `parse_only`."""
+        command_line = _ConfigOnly if parse_only else _ModelAndDataOnly
         with chdir(self.project), patch.object(sys, "argv", ["train.py"]):  # pytest's own arguments are not train.py's
-            return _ModelAndDataOnly(
+            return command_line(
                 LightningModule, None, subclass_mode_model=True, subclass_mode_data=True,
                 save_config_callback=None, parser_class=OneLineErrorParser, run=False,
                 args=[*self.run_args, "--trainer.logger", "false", *extra],
@@ -330,6 +342,13 @@ class _ModelAndDataOnly(ProjectCLI):
         self.callback_classes = [
             class_of(callback.class_path) for callback in configured(self.config.trainer.callbacks)
         ]
+
+
+class _ConfigOnly(_ModelAndDataOnly):
+    """train.py's command line, parsing the project's args only."""
+
+    def instantiate_classes(self) -> None:
+        pass
 
 
 def _name(owner: object) -> str:
