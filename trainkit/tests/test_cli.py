@@ -1,6 +1,7 @@
 """`train.py` itself, run as a user runs it."""
 
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -207,6 +208,10 @@ def test_test_subcommand_reports_accuracy_from_a_checkpoint(experiment, tmp_path
     )
     assert tested.returncode == 0, tested.stderr[-3000:]
     assert "test/acc" in tested.stdout
+    validated = run_train("validate", *quick_run_args(experiment, run_dir)[:-2], "--ckpt_path", "last")  # log lines
+    assert validated.returncode == 0, validated.stderr[-3000:]
+    assert re.search(r"^validate val/acc=\S+ val/loss=", validated.stderr, re.MULTILINE), validated.stderr[-3000:]
+    assert "epoch 1/1 val" not in validated.stderr  # a checkpoint's weights, not its epoch, are what is validated
 
 
 def test_print_config_is_complete_and_reusable(experiment, tmp_path):
@@ -322,6 +327,26 @@ def test_a_model_argument_the_data_module_does_not_give_is_said_and_one_it_repla
         said("set otherwise", "--model.num_classes", "5")  # the data module's would replace it without a word
 
 
+def test_callbacks_set_without_the_kits_checkpoints_are_said_once_before_training(experiment, tmp_path):
+    # A config that sets trainer.callbacks replaces the kit's list: a researcher listing only their own loses what
+    # preemption and resume rest on, and a SIGTERM would then exit 143 having saved nothing.
+    own_only = tmp_path / "own-callbacks.yaml"
+    own_only.write_text("trainer:\n  callbacks:\n    - class_path: trainkit.checkpoints.last.LastCheckpoint\n")
+    args = ["fit", "--config", str(experiment), "--config", str(own_only), "--trainer.max_steps", "1",
+            "--trainer.limit_val_batches", "0", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
+            "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run")]  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ProjectCLI(LightningModule, None, subclass_mode_model=True, subclass_mode_data=True, args=args)
+    said = [str(warning.message) for warning in caught if "trainer.callbacks has no" in str(warning.message)]
+    assert said == [
+        "trainer.callbacks has no PreemptionCheckpoint, PeriodicCheckpoint, RNGStateCheckpoint: a SIGTERM saves"
+        " nothing; a hard kill loses all since the epoch began; a resumed run draws other random numbers. A config"
+        " that sets trainer.callbacks replaces the kit's list (src/trainkit/defaults.yaml): add a callback with"
+        " --trainer.callbacks+=<class path> instead, or copy that list and edit it."
+    ]
+
+
 def test_a_model_that_does_not_log_the_monitored_metric_trains_to_the_end_saving_last_every_epoch(experiment, tmp_path):
     # Lightning's own demo model and data logs no metric at all: the experiment's monitor costs no epoch.
     run_dir = tmp_path / "run"
@@ -418,6 +443,18 @@ def test_a_setting_lightning_refuses_at_the_first_epochs_end_is_one_line_after_l
     assert len(errors) == 1 and errors[0].startswith("error: ReduceLROnPlateau conditioned on metric val/rmse"), errors
     assert "val_loss" in errors[0], "the line names the metrics validation logs"
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file(), "the epoch it trained is kept"
+
+
+def test_a_call_of_lightnings_it_refuses_in_the_models_code_is_one_line_naming_where(experiment, tmp_path):
+    model = ("--model", "tasks.broken.LogsANameLightningRefuses", "--data", "tasks.regression.Table")
+    result = run_train("fit", "--config", str(experiment), *quick_trainer_args(tmp_path / "run"), *model,
+                       "--best_checkpoint.monitor", "null")  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    logged = next(number for number, text in enumerate((PROJECT_ROOT / "tasks" / "broken.py").open(), 1)
+                  if '"val_loss/dataloader_idx_0"' in text)  # fmt: skip
+    assert line.startswith("error: You called `self.log` with the key `val_loss/dataloader_idx_0`"), line
+    assert line.endswith(f" (in LogsANameLightningRefuses.validation_step, tasks/broken.py:{logged})"), line
 
 
 def test_a_fresh_run_and_its_rerun_print_nothing_a_researcher_cannot_act_on(experiment, tmp_path):

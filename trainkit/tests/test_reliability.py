@@ -69,6 +69,24 @@ def test_the_kits_process_watcher_spares_a_node_that_is_ending_on_its_own(monkey
     assert killed == [os.getpid()]  # not ending: a child that exited non-zero ends the node, as in Lightning
 
 
+def exit_here(status: int) -> None:
+    raise SystemExit(status)
+
+
+def test_the_kits_process_watcher_ends_the_node_with_the_status_of_a_process_that_failed_on_its_own(
+    monkeypatch, capsys
+):
+    monkeypatch.setattr(os, "_exit", exit_here)  # the node's first process is this test's: it is not ended
+    monkeypatch.delenv("NODE_RANK", raising=False)  # node 0
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    failed.wait()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with pytest.raises(SystemExit) as ended:
+        StartedProcessesWatch(os.getpid(), [running, failed], POLL_SECONDS, notice_seconds=1)._run()
+    assert ended.value.code == 1 and running.wait(timeout=10) == -signal.SIGKILL
+    assert f"error: global rank 2 (local rank 2, pid {failed.pid}) failed with exit 1" in capsys.readouterr().err
+
+
 def test_with_fast_steps_the_processes_agree_every_few_steps_and_still_stop_at_the_same_step(experiment, tmp_path):
     # Steps of about 30 ms: the processes agree on a stop every few steps (every 0.5 s), not after each one.
     run_dir, marker, log, samples = tmp_path / "run", tmp_path / "step-5", tmp_path / "train.log", tmp_path / "samples"
@@ -280,6 +298,20 @@ def test_a_started_process_that_lost_a_peer_leaves_the_first_process_time_to_nam
         assert "named the lost node" in result.stdout and "it lost a peer" not in result.stderr, result.stderr
     else:
         assert "exited with 75: it lost a peer" in result.stderr and "named" not in result.stdout, result.stderr
+
+
+def test_an_error_in_one_process_of_a_node_ends_the_node_with_its_status_not_as_a_lost_node(experiment, tmp_path):
+    # A bug only one process's data meets fails again on retry: the node must not exit 75 (retry without counting),
+    # nor be SIGKILLed by Lightning's watcher (137).
+    args = quick_run_args(experiment, tmp_path / "run")
+    failed = run_train("fit", *args, "--model", "tasks.broken.FailsOnOneProcess", "--data", "tasks.regression.Table",
+                       "--best_checkpoint.monitor", "val_loss", "--trainer.devices", "2", timeout=240)  # fmt: skip
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert "RuntimeError: a row that only the second process reads" in failed.stderr
+    assert failed.stderr.strip().splitlines()[-1].startswith("error: global rank 1 (local rank 1, pid "), failed.stderr[
+        -3000:
+    ]
+    assert "failed with exit 1: its error is above; ending this node's processes, exiting with 1" in failed.stderr
 
 
 def test_a_node_that_never_arrives_ends_the_job(experiment, tmp_path):

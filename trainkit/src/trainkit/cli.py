@@ -56,6 +56,7 @@ from trainkit.run.config import (
     leave_out_what_cannot_run,
     names_a_cluster_environment,
     put_outputs_under_root_dir,
+    say_what_the_callbacks_leave_out,
     use_sweep_run_dir,
 )
 from trainkit.run.config_errors import OneLineErrorParser, mistake_in_the_researchers_code, one_line
@@ -65,7 +66,7 @@ from trainkit.run.errors import ConfigError
 from trainkit.run.exit_codes import CANNOT_WRITE, CONFIG_ERROR, INTERRUPTED, LOST_NODE, PREEMPTED
 from trainkit.run.lock import lock_run_dir
 from trainkit.run.machine import CheckThisMachine
-from trainkit.run.node_watch import watch_started_processes
+from trainkit.run.node_watch import status_after, watch_started_processes
 from trainkit.run.quiet import quiet_library_noise
 from trainkit.run.replaced_classes import replace_whole
 from trainkit.run.speed import use_fast_defaults
@@ -129,6 +130,7 @@ class ProjectCLI(LightningCLI):
         put_outputs_under_root_dir(config.trainer)
         if self.subcommand == "fit":
             refuse_unwritable_checkpoint_dirs(config.trainer)  # before training finds out at its first save
+            say_what_the_callbacks_leave_out(config.trainer)
         use_fast_defaults(config.trainer)  # bf16-mixed on GPUs that support it, unless trainer.precision is set
         self.store = checked_store(config.checkpoint_store, writable=self.subcommand == "fit")
         if self.store is not None and self.subcommand == "fit":  # one job per store location, as per run directory
@@ -283,6 +285,10 @@ def main(args: list[str] | None = None) -> None:
         if not lost_contact(error):
             raise
         stopping.end_on_own_terms()  # again: Lightning put its signal handlers back since
+        status = status_after(error)
+        if status != LOST_NODE:  # a process of this node failed on its own: its traceback says why, not this one's
+            print(error.__notes__[-1], file=sys.stderr)
+            sys.exit(status)
         traceback.print_exception(error)  # ends with the line naming the lost node
         sys.exit(LOST_NODE)
     except SIGTERMException:

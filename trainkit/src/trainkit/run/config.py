@@ -8,7 +8,7 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import Checkpoint, DeviceStatsMonitor, LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 # Callbacks that write files: the argument naming their directory, and where it goes by default. Any
 # ModelCheckpoint (Lightning's, the kit's best checkpoint, a researcher's subclass) writes to checkpoints/.
@@ -22,6 +22,13 @@ OUTPUT_DIRS = {
 
 # Callbacks that Lightning refuses in a run without a logger.
 NEEDS_A_LOGGER = (LearningRateMonitor, DeviceStatsMonitor)
+# The kit's callbacks in trainer.callbacks that a fit's guarantees rest on, and what goes without each.
+GUARANTEES = {
+    "trainkit.checkpoints.last.LastCheckpoint": "no last.ckpt is kept to resume from",
+    "trainkit.checkpoints.preemption.PreemptionCheckpoint": "a SIGTERM saves nothing",
+    "trainkit.checkpoints.periodic.PeriodicCheckpoint": "a hard kill loses all since the epoch began",
+    "trainkit.checkpoints.rng_state.RNGStateCheckpoint": "a resumed run draws other random numbers",
+}
 
 
 def leave_out_what_cannot_run(config: Namespace) -> None:
@@ -48,6 +55,22 @@ def leave_out_what_cannot_run(config: Namespace) -> None:
         # A try of the code: from the run's checkpoint it would train nothing once the run has ended.
         config.ckpt_path = None
         rank_zero_info("trainer.fast_dev_run: starting afresh instead of resuming (ckpt_path: last); it saves nothing")
+
+
+def say_what_the_callbacks_leave_out(trainer: Namespace) -> None:
+    """One line where trainer.callbacks, set by a config that replaced the kit's list, lacks what a fit's guarantees
+    rest on (a fit with checkpointing off needs none of it)."""
+    if trainer.enable_checkpointing is False or trainer.fast_dev_run:
+        return
+    given = [class_of(callback.class_path) for callback in configured(trainer.callbacks)]
+    missing = {path: why for path, why in GUARANTEES.items() if not any(issubclass(c, class_of(path)) for c in given)}
+    if missing:
+        names = ", ".join(path.rpartition(".")[2] for path in missing)
+        rank_zero_warn(
+            f"trainer.callbacks has no {names}: {'; '.join(missing.values())}. A config that sets trainer.callbacks"
+            " replaces the kit's list (src/trainkit/defaults.yaml): add a callback with --trainer.callbacks+=<class"
+            " path> instead, or copy that list and edit it."
+        )
 
 
 def _leave_out(trainer: Namespace, kinds: tuple[type[Callback], ...]) -> str:

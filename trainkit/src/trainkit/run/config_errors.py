@@ -22,7 +22,7 @@ from yaml import MarkedYAMLError, YAMLError, safe_load
 
 from trainkit.run.errors import ConfigError
 from trainkit.run.extras import missing_extra
-from trainkit.run.researchers_code import raised_in
+from trainkit.run.researchers_code import raised_in, raised_under_the_researchers_code
 
 PARSER_KEY = re.compile(r'^Parser key "([^"]+)":')
 CLASS_NAME = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")  # <class 'int'> -> int
@@ -183,8 +183,11 @@ def mistake_in_the_researchers_code(error: BaseException) -> str | None:
         causes.append(cause)
     building = raised_under(error, ("instantiate_classes",))
     for cause in causes:
-        if isinstance(cause, (ConfigError, MisconfigurationException)):
+        if isinstance(cause, ConfigError):
             return one_line(error)
+        if isinstance(cause, MisconfigurationException):  # where the model's code called Lightning, if it did
+            under = raised_under_the_researchers_code(cause, Path.cwd())
+            return one_line(error) + (f" (in {under[0]}, {under[1]})" if under else "")
         if isinstance(cause, FileNotFoundError) and (building or raised_under(cause, PREPARING)):
             return one_line(error)
     refused = [cause for cause in causes if isinstance(cause, ValueError)]

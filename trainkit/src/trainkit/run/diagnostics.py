@@ -21,6 +21,7 @@ from trainkit.run.lost_peers import (
     training_ends,
     watch_for_losses,
 )
+from trainkit.run.node_watch import failed_on_its_own, say_it_failed
 from trainkit.run.placement import Placement, nodes_of
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,13 @@ class ExplainDistributedFailure(Callback):
                 process.wait(timeout=ROLL_CALL_SECONDS)
             except subprocess.TimeoutExpired:
                 process.kill()
+        failed = [process for process in started if failed_on_its_own(process)]
+        if failed:  # the contact lost was with a process of this node, ended by an error of its own
+            local_rank = started.index(failed[0]) + 1  # Lightning starts local ranks 1, 2, ... in order
+            global_rank = trainer.node_rank * trainer.num_devices + local_rank
+            exception.add_note(say_it_failed(failed[0], local_rank, global_rank))
+            exception.trainkit_status = failed[0].returncode  # read by status_after
+            return
         exception.add_note(explain(exception, trainer, self.timeout, self.placement, missing))
 
 

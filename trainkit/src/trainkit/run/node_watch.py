@@ -24,11 +24,32 @@ from lightning.fabric.strategies.launchers.subprocess_script import _ChildProces
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
 
 from trainkit.run import stopping
-from trainkit.run.exit_codes import LOST_NODE
+from trainkit.run.exit_codes import INTERRUPTED, LOST_NODE, PREEMPTED
 from trainkit.run.lost_peers import LATE_SECONDS, ROLL_CALL_SECONDS, STUCK_SECONDS, wait_until
 
 LOST_PEER = {-signal.SIGABRT, 128 + signal.SIGABRT, LOST_NODE}  # how a process that lost a peer ends
+STOPPED = {PREEMPTED, INTERRUPTED}  # how a process that a stop signal ended exits
 POLL_SECONDS = 1
+
+
+def failed_on_its_own(process: subprocess.Popen) -> bool:
+    """Whether a started process exited with an error of its own (1: a bug, 2: a setting): not a lost peer, a stop
+    signal, or a kill. A retry would meet it again, so the node ends with its status, not 75."""
+    status = process.returncode
+    return status is not None and status > 0 and status not in LOST_PEER | STOPPED
+
+
+def say_it_failed(process: subprocess.Popen, local_rank: int, global_rank: int) -> str:
+    return (
+        f"error: global rank {global_rank} (local rank {local_rank}, pid {process.pid}) failed with exit"
+        f" {process.returncode}: its error is above; ending this node's processes, exiting with {process.returncode}"
+    )
+
+
+def status_after(error: BaseException) -> int:
+    """How a node ends after `error` cut it off from its peers: with the status of a process it started that failed
+    on its own (run/diagnostics.py notes it on the error), else LOST_NODE."""
+    return getattr(error, "trainkit_status", LOST_NODE)
 
 
 def watch_started_processes(timeout: timedelta) -> None:
@@ -65,7 +86,12 @@ class StartedProcessesWatch(_ChildProcessObserver):
         if not lost:
             # This process is ending with a status of its own and waits for these itself (run/stopping.py): after
             # a stop signal before training they exit 143 first, which is no failure to end the node for.
-            return stopping.ending() or super()._run()
+            if stopping.ending():
+                return True
+            failed = [process for process in self._child_processes if failed_on_its_own(process)]
+            if failed:
+                self._end_node(failed[0])
+            return super()._run()
         named_the_loss = all(process.returncode == LOST_NODE for process in lost)
         # This process, a survivor of the same loss, begins ending on its own (run/diagnostics.py) in that time.
         if named_the_loss and wait_until(stopping.ending, self.notice_seconds):
@@ -83,3 +109,14 @@ class StartedProcessesWatch(_ChildProcessObserver):
             flush=True,
         )
         os._exit(LOST_NODE)
+
+    def _end_node(self, failed: subprocess.Popen) -> None:
+        """End the node with the status of a process it started that failed on its own, naming it."""
+        for process in self._child_processes:
+            if process.returncode is None:
+                process.kill()
+        local_rank = self._child_processes.index(failed) + 1  # Lightning starts local ranks 1, 2, ... in order
+        global_rank = int(os.environ.get("NODE_RANK", 0)) * (len(self._child_processes) + 1) + local_rank
+        sys.stdout.flush()
+        print(say_it_failed(failed, local_rank, global_rank), file=sys.stderr, flush=True)
+        os._exit(failed.returncode)

@@ -2,6 +2,7 @@
 
 import traceback
 from pathlib import Path
+from types import FrameType
 
 KIT = Path(__file__).resolve().parent.parent  # the kit's own code, inside a project or not
 
@@ -13,9 +14,19 @@ def researchers_file(path: Path, project: Path) -> bool:
 
 def raised_in(error: BaseException, project: Path) -> tuple[str, str]:
     """The function (with its class) and the file:line where `error` was raised: in the project's code if it was."""
+    *_, (frame, line) = traceback.walk_tb(error.__traceback__)
+    return raised_under_the_researchers_code(error, project) or _place(frame, line, project)
+
+
+def raised_under_the_researchers_code(error: BaseException, project: Path) -> tuple[str, str] | None:
+    """The function and file:line of the project's code that `error` was raised under (a call of Lightning's in
+    it, such as `self.log`), None where it was raised outside the project's code."""
     frames = list(traceback.walk_tb(error.__traceback__))
     ours = [(frame, line) for frame, line in frames if researchers_file(Path(frame.f_code.co_filename), project)]
-    frame, line = (ours or frames)[-1]
+    return _place(*ours[-1], project) if ours else None
+
+
+def _place(frame: FrameType, line: int, project: Path) -> tuple[str, str]:
     owner = frame.f_locals.get("self")
     function = f"{type(owner).__name__}.{frame.f_code.co_name}" if owner is not None else frame.f_code.co_name
     path = Path(frame.f_code.co_filename)

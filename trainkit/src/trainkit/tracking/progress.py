@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,9 @@ class PlainProgress(Callback):
         logged = {name: value for name, value in trainer.callback_metrics.items()
                   if self._before_validation.get(name) is not value}  # fmt: skip
         self._validation_names.update(logged)
-        log.info(f"{_epoch(trainer)} {_shown(logged)}")
+        # `validate` restores a checkpoint's weights, not its epoch: the line names the subcommand instead.
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        log.info(f"{_epoch(trainer) if fitting else trainer.state.fn.value} {_shown(logged)}")
 
 
 def _epoch(trainer: Trainer) -> str:

@@ -82,6 +82,23 @@ class AnnealsAtEachEpochsEnd(Regressor):
         self.loss_weight /= 2
 
 
+class FailsOnOneProcess(Regressor):
+    """A bug that only one process's share of the data meets: the second process raises at its third step."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.global_rank == 1 and self.global_step == 2:
+            raise RuntimeError("a row that only the second process reads")
+        return super().training_step(batch, batch_idx)
+
+
+class LogsANameLightningRefuses(Regressor):
+    """A metric named as Lightning names those of several validation loaders, which it refuses from `self.log`."""
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss/dataloader_idx_0", torch.nn.functional.mse_loss(self(x), y))
+
+
 class DivergesToNaN(Regressor):
     """A loss that is not a number from the first step: the weights, and every score after, are NaN."""
 
