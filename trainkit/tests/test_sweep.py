@@ -258,9 +258,9 @@ def test_a_metric_no_run_logged_is_an_error_of_the_sweep_file(tmp_path, capfd, m
     assert main([str(sweep_file), "--root", "runs"]) == 2
     out, err = capfd.readouterr()
     assert "runs/1  n/a  score=0.9" in out and "best:" not in out
-    assert (
-        err.splitlines()[-1]
-        == f"error: {sweep_file}: no run logged metric.name 'val/mae': set it to a metric the model logs"
+    assert err.splitlines()[-1] == (
+        f"error: {sweep_file}: no run logged metric.name 'val/mae': set it to a metric the model logs (a run's"
+        " `best_checkpoint.monitor:` line above names those its validation logs)"
     )
 
 

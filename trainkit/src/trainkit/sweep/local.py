@@ -268,7 +268,10 @@ def sweep_problem(study: optuna.Study, metric: str | None) -> str | None:
         )
     finished = [trial for trial in ran if trial.user_attrs["exit"] == 0]
     if metric and finished and all(trial.value is None for trial in finished):
-        return f"no run logged metric.name {metric!r}: set it to a metric the model logs"
+        return (
+            f"no run logged metric.name {metric!r}: set it to a metric the model logs (a run's"
+            " `best_checkpoint.monitor:` line above names those its validation logs)"
+        )
     return None
 
 
