@@ -82,6 +82,13 @@ def test_predict_writes_a_csv_a_person_can_open(experiment, tmp_path):
     assert sorted(int(row["index"]) for row in rows) == list(range(160))
     assert all(0 < float(row["confidence"]) <= 1 for row in rows)
     assert sum(row["predicted"] == row["label"] for row in rows) > 0.5 * len(rows)
+    # On 2 processes each writes its part, and the 1-process file of before is gone: it would read as this one's.
+    shared = run_train("predict", *quick_run_args(experiment, run_dir), "--ckpt_path", "last", "--trainer.devices", "2")
+    assert shared.returncode == 0, shared.stderr[-3000:]
+    parts = sorted(path.name for path in run_dir.glob("predictions*.csv"))
+    assert parts == ["predictions-rank0.csv", "predictions-rank1.csv"], parts
+    indices = [int(row["index"]) for part in parts for row in csv.DictReader((run_dir / part).open())]
+    assert sorted(set(indices)) == list(range(160))  # the whole test split (DDP's sampler may repeat one to even out)
 
 
 def test_ckpt_path_best_finds_the_best_checkpoint_of_an_earlier_fit(experiment, tmp_path):

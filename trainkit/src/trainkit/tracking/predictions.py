@@ -29,6 +29,10 @@ class PredictionWriter(BasePredictionWriter):
 
     def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._rows = []
+        if trainer.is_global_zero:  # an earlier predict's files on another number of processes would read as this one's
+            for stale in self.output_dir.glob("predictions*.csv"):
+                if stale.name not in _file_names(trainer.world_size):
+                    stale.unlink()
 
     def write_on_batch_end(
         self,
@@ -56,13 +60,18 @@ class PredictionWriter(BasePredictionWriter):
             self._rows.append({"index": index, **values})
 
     def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        name = "predictions.csv" if trainer.world_size == 1 else f"predictions-rank{trainer.global_rank}.csv"
+        name = _file_names(trainer.world_size)[trainer.global_rank]
         self.output_dir.mkdir(parents=True, exist_ok=True)
         header = list(dict.fromkeys(column for row in self._rows for column in row)) or ["index"]
         with (self.output_dir / name).open("w", newline="") as file:
             writer = csv.DictWriter(file, fieldnames=header)
             writer.writeheader()
             writer.writerows(self._rows)
+
+
+def _file_names(processes: int) -> list[str]:
+    """Each process's file, by its global rank."""
+    return ["predictions.csv"] if processes == 1 else [f"predictions-rank{rank}.csv" for rank in range(processes)]
 
 
 def columns(prediction: Any) -> Mapping[str, Any]:
