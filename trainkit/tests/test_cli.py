@@ -445,6 +445,18 @@ def test_a_setting_lightning_refuses_at_the_first_epochs_end_is_one_line_after_l
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file(), "the epoch it trained is kept"
 
 
+def test_a_validation_interval_longer_than_the_epoch_is_one_line(experiment, tmp_path):
+    # Lightning checks it against the training loader's length as the fit starts, with a ValueError.
+    result = run_train("fit", *quick_run_args(experiment, tmp_path / "run"), "--trainer.val_check_interval", "40")
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith(
+        "error: trainer: `val_check_interval` (40) must be less than or equal to the number of the training batches"
+        " (4)."
+    ), line
+    assert "Traceback" not in result.stderr and not (tmp_path / "run" / "config.yaml").exists()
+
+
 def test_a_call_of_lightnings_it_refuses_in_the_models_code_is_one_line_naming_where(experiment, tmp_path):
     model = ("--model", "tasks.broken.LogsANameLightningRefuses", "--data", "tasks.regression.Table")
     result = run_train("fit", "--config", str(experiment), *quick_trainer_args(tmp_path / "run"), *model,

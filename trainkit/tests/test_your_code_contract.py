@@ -32,8 +32,13 @@ class DrilledOnTwoProcesses(YourCodeContract):
 
 class TestACharacterLanguageModelOnTextFiles(DrilledOnTwoProcesses):
     project = PROJECT_ROOT
+    # Validated by steps, across epochs, as language models often are: every 40 steps, more than a quick epoch has.
     args = (*EXPERIMENT, "--model", "tasks.char_lm.CharLanguageModel", "--data", "tasks.char_lm.TextFiles",
-            "--data.root", str(KIT_ROOT / "docs"), "--best_checkpoint.monitor", "val/loss")  # fmt: skip
+            "--data.root", str(KIT_ROOT / "docs"), "--best_checkpoint.monitor", "val/loss",
+            "--trainer.check_val_every_n_epoch", "null", "--trainer.val_check_interval", "40")  # fmt: skip
+
+    def test_the_quick_runs_validate_by_steps_as_the_project_does(self):
+        assert self.quick_val_check_interval() == self.steps_per_epoch  # Lightning refuses 1.0 when validating by steps
 
 
 class TestARegressionOnATable(DrilledOnTwoProcesses):

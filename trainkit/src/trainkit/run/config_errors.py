@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+import lightning.pytorch
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -31,6 +32,9 @@ UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted")
 # Where the researcher's data module and model prepare their data: a file missing there is bad input.
 PREPARING = ("prepare_data", "setup")
 MAKING_OPTIMIZERS = ("configure_optimizers",)
+# Where Lightning checks the trainer's settings against the training loader's length, as a fit starts.
+CHECKING_THE_LOADERS = ("setup_data",)
+LIGHTNING = Path(lightning.pytorch.__file__).parent  # Lightning's own code
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -172,6 +176,7 @@ def mistake_in_the_researchers_code(error: BaseException) -> str | None:
     the model is set up. None for anything else: a failure in their forward keeps its traceback, they need it.
 
     - A ConfigError, anywhere.
+    - A ValueError Lightning raised checking its settings against the training loader (`val_check_interval`).
     - A ValueError raised while the classes were built (jsonargparse wraps it) or the optimizers made: an option
       out of its range (`noise: -1`, a negative learning rate), with where it was raised.
     - A missing file, raised while the classes were built or the data prepared.
@@ -191,10 +196,18 @@ def mistake_in_the_researchers_code(error: BaseException) -> str | None:
         if isinstance(cause, FileNotFoundError) and (building or raised_under(cause, PREPARING)):
             return one_line(error)
     refused = [cause for cause in causes if isinstance(cause, ValueError)]
+    if refused and raised_by_lightning_in(refused[-1], CHECKING_THE_LOADERS):  # `val_check_interval` too large
+        return f"trainer: {_reason(refused[-1])}"
     if refused and (building or raised_under(refused[-1], MAKING_OPTIMIZERS)):
         function, where = raised_in(refused[-1], Path.cwd())
         return f"{_reason(refused[-1])} (in {function}, {where})"
     return None
+
+
+def raised_by_lightning_in(error: BaseException, functions: tuple[str, ...]) -> bool:
+    """Whether `error` was raised by Lightning's own code, in one of `functions` (not in code they called)."""
+    *_, (frame, _) = traceback.walk_tb(error.__traceback__)
+    return frame.f_code.co_name in functions and Path(frame.f_code.co_filename).is_relative_to(LIGHTNING)
 
 
 def raised_under(error: BaseException, functions: tuple[str, ...]) -> bool:

@@ -193,13 +193,15 @@ class YourCodeContract:
 
     def quick_val_check_interval(self) -> float | int:
         """The project's `trainer.val_check_interval` where it fits a quick epoch (a fraction of it, or as many steps or
-        fewer), so that validation within an epoch is tried too; otherwise once an epoch."""
-        configured = self.command_line(parse_only=True).config.trainer.val_check_interval
+        fewer), so that validation within an epoch is tried too; otherwise once an epoch: every `steps_per_epoch`
+        steps where the project validates by steps across epochs (`check_val_every_n_epoch: null`)."""
+        trainer = self.command_line(parse_only=True).config.trainer
+        configured = trainer.val_check_interval
         if isinstance(configured, float) and 0 < configured < 1:
             return configured
         if isinstance(configured, int) and 0 < configured <= self.steps_per_epoch:
             return configured
-        return 1.0
+        return self.steps_per_epoch if trainer.check_val_every_n_epoch is None else 1.0
 
     def fit(self, run_dir: Path, *extra: str, wandb_mode: str = "offline") -> Run:
         """A quick run; wandb logs `offline` (the quick fit: what the model logs is written), or is `disabled`."""
