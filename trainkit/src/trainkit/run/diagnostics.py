@@ -89,12 +89,10 @@ class ExplainDistributedFailure(Callback):
                 process.wait(timeout=ROLL_CALL_SECONDS)
             except subprocess.TimeoutExpired:
                 process.kill()
-        failed = [process for process in started if failed_on_its_own(process)]
-        if failed:  # the contact lost was with a process of this node, ended by an error of its own
-            local_rank = started.index(failed[0]) + 1  # Lightning starts local ranks 1, 2, ... in order
-            global_rank = trainer.node_rank * trainer.num_devices + local_rank
-            exception.add_note(say_it_failed(failed[0], local_rank, global_rank))
-            exception.trainkit_status = failed[0].returncode  # read by status_after
+        failed = failed_on_its_own(started)
+        if failed is not None:  # the contact lost was with a process of this node, ended by an error of its own
+            exception.add_note(say_it_failed(failed, started))
+            exception.trainkit_status = failed.returncode  # read by status_after
             return
         exception.add_note(explain(exception, trainer, self.timeout, self.placement, missing))
 

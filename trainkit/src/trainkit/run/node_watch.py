@@ -32,17 +32,24 @@ STOPPED = {PREEMPTED, INTERRUPTED}  # how a process that a stop signal ended exi
 POLL_SECONDS = 1
 
 
-def failed_on_its_own(process: subprocess.Popen) -> bool:
-    """Whether a started process exited with an error of its own (1: a bug, 2: a setting): not a lost peer, a stop
-    signal, or a kill. A retry would meet it again, so the node ends with its status, not 75."""
-    status = process.returncode
-    return status is not None and status > 0 and status not in LOST_PEER | STOPPED
+def failed_on_its_own(started: list[subprocess.Popen]) -> subprocess.Popen | None:
+    """The first of the processes Lightning started on this node that exited with an error of its own (1: a bug, 2: a
+    setting): not a lost peer, a stop signal, or a kill. A retry would meet it again, so the node ends with its
+    status, not 75."""
+    for process in started:
+        status = process.returncode
+        if status is not None and status > 0 and status not in LOST_PEER | STOPPED:
+            return process
+    return None
 
 
-def say_it_failed(process: subprocess.Popen, local_rank: int, global_rank: int) -> str:
+def say_it_failed(failed: subprocess.Popen, started: list[subprocess.Popen]) -> str:
+    """The line naming a process Lightning started here that failed on its own, by its ranks."""
+    local_rank = started.index(failed) + 1  # Lightning starts local ranks 1, 2, ... in order, and sets NODE_RANK
+    global_rank = int(os.environ.get("NODE_RANK", 0)) * (len(started) + 1) + local_rank
     return (
-        f"error: global rank {global_rank} (local rank {local_rank}, pid {process.pid}) failed with exit"
-        f" {process.returncode}: its error is above; ending this node's processes, exiting with {process.returncode}"
+        f"error: global rank {global_rank} (local rank {local_rank}, pid {failed.pid}) failed with exit"
+        f" {failed.returncode}: its error is above; ending this node's processes, exiting with {failed.returncode}"
     )
 
 
@@ -88,9 +95,9 @@ class StartedProcessesWatch(_ChildProcessObserver):
             # a stop signal before training they exit 143 first, which is no failure to end the node for.
             if stopping.ending():
                 return True
-            failed = [process for process in self._child_processes if failed_on_its_own(process)]
-            if failed:
-                self._end_node(failed[0])
+            failed = failed_on_its_own(self._child_processes)
+            if failed is not None:
+                self._end_node(failed)
             return super()._run()
         named_the_loss = all(process.returncode == LOST_NODE for process in lost)
         # This process, a survivor of the same loss, begins ending on its own (run/diagnostics.py) in that time.
@@ -115,8 +122,6 @@ class StartedProcessesWatch(_ChildProcessObserver):
         for process in self._child_processes:
             if process.returncode is None:
                 process.kill()
-        local_rank = self._child_processes.index(failed) + 1  # Lightning starts local ranks 1, 2, ... in order
-        global_rank = int(os.environ.get("NODE_RANK", 0)) * (len(self._child_processes) + 1) + local_rank
         sys.stdout.flush()
-        print(say_it_failed(failed, local_rank, global_rank), file=sys.stderr, flush=True)
+        print(say_it_failed(failed, self._child_processes), file=sys.stderr, flush=True)
         os._exit(failed.returncode)
