@@ -260,6 +260,24 @@ def test_an_aborted_training_process_ends_every_task_with_75_and_the_job_is_requ
     assert names_only_node_1(lines[0]) and names_only_node_1(lines[1]), lines
 
 
+def test_an_error_in_one_training_process_ends_every_task_with_its_status_and_no_requeue(
+    slurm, project, fake_mnist, tmp_path
+):
+    """A bug that only node 1's second process meets (trainkit.testing.faults): a requeue would meet it again."""
+    failing = WORLD - 1
+    fault = ["--trainer.callbacks+=trainkit.testing.faults.FailOnOneProcess",
+             "--trainer.callbacks.global_rank", str(failing), "--trainer.callbacks.at_step", "6"]  # fmt: skip
+    with paced_job(slurm, project, fake_mnist, tmp_path, *fault) as (job_id, _):
+        log = job_log_of(slurm, project, job_id)
+        wait_for(lambda: slurm.job(job_id).get("JobState") == "FAILED", "the end of the job", log, 90)
+        text = log()
+    assert task_statuses(text) == dict.fromkeys(range(WORLD), 1), text[-6000:]
+    assert f"job {job_id}: tasks ended with status" not in text, text[-6000:]  # the script requeued nothing
+    said = rf"error: global rank {failing} \(node 1, host \S+\) failed with RuntimeError: a row that only global rank"
+    ended = re.findall(rf"{said} {failing} reads \(a drill\): .* Global rank (\d) ends with it, exiting with 1", text)
+    assert sorted(map(int, ended)) == [0, 1, 2], text[-6000:]
+
+
 def stall_until_node_0_ends(stalled: list[int], survivors: list[int], log: Callable[[], str]) -> str:
     """Freeze the `stalled` processes (SIGSTOP), wait until node 0's tasks (`survivors`) have ended and srun has
     written their statuses, then kill what was frozen (otherwise srun waits for it until the time limit). The log."""

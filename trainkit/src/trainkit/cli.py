@@ -67,6 +67,7 @@ from trainkit.run.exit_codes import CANNOT_WRITE, CONFIG_ERROR, INTERRUPTED, LOS
 from trainkit.run.lock import lock_run_dir
 from trainkit.run.machine import CheckThisMachine
 from trainkit.run.node_watch import status_after, watch_started_processes
+from trainkit.run.own_failures import tell_the_others
 from trainkit.run.quiet import quiet_library_noise
 from trainkit.run.replaced_classes import replace_whole
 from trainkit.run.speed import use_fast_defaults
@@ -268,9 +269,11 @@ def main(args: list[str] | None = None) -> None:
         # them (an error of theirs alone), they say it after all.
         if os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) != "0":
             time.sleep(LAUNCHER_STOPS_THE_OTHERS_SECONDS)
+        tell_the_others(error, CONFIG_ERROR)
         print(f"error: {one_line(error)}", file=sys.stderr)
         sys.exit(CONFIG_ERROR)
     except (CheckpointNotWritten, CheckpointNotStored) as error:
+        tell_the_others(error, CANNOT_WRITE)
         print(f"error: {error}", file=sys.stderr)
         sys.exit(CANNOT_WRITE)
     except NodesDidNotArrive as error:
@@ -280,9 +283,11 @@ def main(args: list[str] | None = None) -> None:
         stopping.let_an_exit_under_way_finish()  # the error followed from it: its status and line stand
         mistake = mistake_in_the_researchers_code(error)
         if mistake is not None:
+            tell_the_others(error, CONFIG_ERROR)
             print(f"error: {mistake}", file=sys.stderr)
             sys.exit(CONFIG_ERROR)
         if not lost_contact(error):
+            tell_the_others(error, 1)  # Python's status for the traceback below
             raise
         stopping.end_on_own_terms()  # again: Lightning put its signal handlers back since
         status = status_after(error)

@@ -23,7 +23,7 @@ from torch.distributed import DistError, DistNetworkError, TCPStore
 from trainkit.cluster.launch_variables import ClusterConfigError
 from trainkit.cluster.store_client import NotAStore, connect_to_store
 from trainkit.cluster.waiting import Reminder, log
-from trainkit.run.lost_peers import wait_until
+from trainkit.run.job_store import wait_until
 
 POLL_SECONDS = 0.2
 # A node 0 that finds its port taken asks whether another node 0 of this job serves the store there.

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.distributed import DistError
 
-from trainkit.run import preparing, stopping
+from trainkit.run import own_failures, preparing, stopping
 from trainkit.run.lost_peers import (
     ROLL_CALL_SECONDS,
     STUCK_SECONDS,
@@ -74,6 +74,9 @@ class ExplainDistributedFailure(Callback):
         stopping.let_an_exit_under_way_finish()  # a stop signal's, before Lightning's teardown kills the others
         if not lost_contact(exception):
             return
+        failure = own_failures.recorded_by_another()
+        if failure is not None:  # the contact lost was with a process that failed with an error of its own
+            own_failures.end_with(failure)
         stopping.end_on_own_terms()  # a SIGTERM now (torchrun's, once another process ended) waits for the line
         # Lightning's watcher SIGKILLs this process as soon as one it started exits non-zero, which
         # they are about to do: take them off its list, and wait for them below instead.

@@ -16,12 +16,10 @@ nothing else would.
 """
 
 import json
-import os
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import FrameType
@@ -29,8 +27,9 @@ from types import FrameType
 import torch.distributed as dist
 from torch.distributed import DistError, DistNetworkError
 
-from trainkit.run import stopping
+from trainkit.run import own_failures, stopping
 from trainkit.run.exit_codes import LOST_NODE
+from trainkit.run.job_store import job_store, keys_of_this_attempt, wait_until
 from trainkit.run.store_threads import StoreThread
 
 CHECK_SECONDS = 1.0  # how often each process looks for a report of a loss
@@ -71,20 +70,9 @@ class LossReported(DistNetworkError):
     """
 
 
-def keys_of_this_attempt(name: str) -> str:
-    """Where `name`'s keys go in the job's store: torchrun's store outlives its restarts, the attempt does not."""
-    return f"{name}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-
-
 def _prefix() -> str:
     """Where the roll call after a loss is held in the job's store."""
     return keys_of_this_attempt("lost-contact")
-
-
-def job_store() -> dist.Store:
-    """The store the job formed with, over connections already open: after a node is lost, a new
-    connection may find the main node's name unresolvable for a while."""
-    return dist.distributed_c10d._get_default_store()  # torch has no public getter
 
 
 class LossWatch(StoreThread):
@@ -107,6 +95,9 @@ class LossWatch(StoreThread):
         store, prefix = job_store(), _prefix()
         try:
             while not store.check([f"{prefix}/reported"]):
+                failure = own_failures.recorded_by_another()
+                if failure is not None:  # not a loss: a peer failed with an error of its own, which a retry meets again
+                    own_failures.end_with(failure)
                 if self.stopping.wait(CHECK_SECONDS):
                     return
         except DistError:  # the main node's store is gone: its node is lost, or it ended
@@ -302,13 +293,3 @@ def _end_stuck_process(rank: int, where: str, why: str) -> None:
 
 def _answered(store: dist.Store, prefix: str, world_size: int) -> int:
     return sum(store.check([f"{prefix}/{rank}"]) for rank in range(world_size))
-
-
-def wait_until(condition: Callable[[], bool], seconds: float) -> bool:
-    """Whether `condition()` became true within `seconds`, asked every 0.2 s."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True

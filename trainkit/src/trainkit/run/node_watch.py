@@ -23,9 +23,10 @@ from lightning.fabric.strategies.launchers import subprocess_script as fabric_la
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
 
-from trainkit.run import stopping
+from trainkit.run import own_failures, stopping
 from trainkit.run.exit_codes import INTERRUPTED, LOST_NODE, PREEMPTED
-from trainkit.run.lost_peers import LATE_SECONDS, ROLL_CALL_SECONDS, STUCK_SECONDS, wait_until
+from trainkit.run.job_store import wait_until
+from trainkit.run.lost_peers import LATE_SECONDS, ROLL_CALL_SECONDS, STUCK_SECONDS
 
 LOST_PEER = {-signal.SIGABRT, 128 + signal.SIGABRT, LOST_NODE}  # how a process that lost a peer ends
 STOPPED = {PREEMPTED, INTERRUPTED}  # how a process that a stop signal ended exits
@@ -97,6 +98,9 @@ class StartedProcessesWatch(_ChildProcessObserver):
                 return True
             failed = failed_on_its_own(self._child_processes)
             if failed is not None:
+                failure = own_failures.recorded_by_another()
+                if failure is not None:  # it ended on reading that another process of the job failed
+                    own_failures.end_with(failure)
                 self._end_node(failed)
             return super()._run()
         named_the_loss = all(process.returncode == LOST_NODE for process in lost)

@@ -25,9 +25,9 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed import DistError
 
-from trainkit.run import stopping
+from trainkit.run import own_failures, stopping
 from trainkit.run.exit_codes import LOST_NODE
-from trainkit.run.lost_peers import job_store, keys_of_this_attempt, wait_until
+from trainkit.run.job_store import job_store, keys_of_this_attempt, wait_until
 from trainkit.run.placement import Placement, nodes_of
 from trainkit.run.store_threads import StoreThread
 
@@ -56,6 +56,9 @@ class PreparationWatch(StoreThread):
             store.set(self._key("where", rank), json.dumps(asdict(self.here)))
             while not self.stopping.wait(BEAT_SECONDS):
                 store.add(self._key("beats", rank), 1)
+                failure = own_failures.recorded_by_another()
+                if failure is not None:  # a peer failed with an error of its own (in prepare_data): not a loss
+                    own_failures.end_with(failure)
                 if rank != 0 and store.check([self._key("silent")]):
                     self._end(store, store.get(self._key("silent")).decode())
                 now = time.monotonic()

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import NoReturn
 
 from trainkit.run.exit_codes import INTERRUPTED, PREEMPTED
 
@@ -140,7 +141,7 @@ def _exit_now(signum: signal.Signals) -> None:
     exit_now(status, f"{signum.name}: nothing to save yet, exiting with status {status}")
 
 
-def exit_now(status: int, line: str) -> None:
+def exit_now(status: int, line: str) -> NoReturn:
     """Write `line`, wait a little for the processes Lightning started here, end any left and the loader's
     workers, and exit with `status`: from any thread, the main one perhaps waiting in C code."""
     global _ending, _exit_under_way

@@ -15,6 +15,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from trainkit.cluster.arrival import wait_for_the_job
 from trainkit.cluster.settings import ClusterSettings
+from trainkit.run.own_failures import job_formed
 from trainkit.run.preparing import at_barrier, watch_preparation
 
 
@@ -32,6 +33,7 @@ class WatchedDDPStrategy(DDPStrategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
+        job_formed(self.node_rank, self.global_rank, self.world_size)
         watch_preparation(self.node_rank, self.global_rank, self.world_size, self._timeout)
 
     def barrier(self, name: str | None = None) -> None:

@@ -47,6 +47,7 @@ from trainkit.checkpoints.stored import CheckpointNotStored, StoredCheckpointIO
 from trainkit.cluster.arrival import wait_for_the_job
 from trainkit.cluster.settings import ClusterSettings
 from trainkit.run.errors import ConfigError
+from trainkit.run.own_failures import job_formed
 from trainkit.run.preparing import at_barrier, watch_preparation
 
 log = logging.getLogger(__package__)
@@ -95,6 +96,7 @@ class ShardedStrategy(ModelParallelStrategy):
             )
         self._data_parallel_size = processes // self._tensor_parallel_size
         super().setup_environment()
+        job_formed(self.node_rank, self.global_rank, self.world_size)
         watch_preparation(self.node_rank, self.global_rank, self.world_size, self._timeout)
         if self.saving.asynchronous:
             # Background saves talk over a group of their own: on the training's group their messages

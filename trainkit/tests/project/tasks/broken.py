@@ -83,12 +83,30 @@ class AnnealsAtEachEpochsEnd(Regressor):
 
 
 class FailsOnOneProcess(Regressor):
-    """A bug that only one process's share of the data meets: the second process raises at its third step."""
+    """A bug that only one process's share of the data meets: that process (global rank `failing_rank`) raises at its
+    third step."""
+
+    def __init__(self, in_features: int, hidden: int = 32, lr: float = 1e-2, failing_rank: int = 1) -> None:
+        super().__init__(in_features, hidden, lr)
+        self.failing_rank = failing_rank
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        if self.global_rank == 1 and self.global_step == 2:
-            raise RuntimeError("a row that only the second process reads")
+        if self.global_rank == self.failing_rank and self.global_step == 2:
+            raise RuntimeError(f"a row that only global rank {self.failing_rank} reads")
         return super().training_step(batch, batch_idx)
+
+
+class FailsToDownload(Table):
+    """A download that fails on one node (a checksum that does not match): its first process raises in
+    `prepare_data`, while the other processes of the job wait in Lightning's barrier, which has no timeout."""
+
+    def __init__(self, failing_node: int = 1, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.failing_node = failing_node
+
+    def prepare_data(self) -> None:
+        if self.trainer.node_rank == self.failing_node:
+            raise RuntimeError(f"the download's checksum does not match on node {self.failing_node}")
 
 
 class LogsANameLightningRefuses(Regressor):
