@@ -457,6 +457,27 @@ def test_a_validation_interval_longer_than_the_epoch_is_one_line(experiment, tmp
     assert "Traceback" not in result.stderr and not (tmp_path / "run" / "config.yaml").exists()
 
 
+def test_a_validation_interval_longer_than_an_epoch_of_a_stream_is_one_line_once_that_epoch_ended(experiment, tmp_path):
+    # A stream with no length: Lightning cannot check it as the fit starts, and validation would never run.
+    stream = ["--model", "tasks.sines.PhaseReader", "--data", "tasks.sines.SinesOfAFiniteStream",
+              "--best_checkpoint.monitor", "val_mse/dataloader_idx_0", "--trainer.limit_train_batches", "1.0",
+              "--trainer.max_epochs", "3", "--trainer.val_check_interval", "40"]  # fmt: skip
+    result = run_train("fit", *quick_run_args(experiment, tmp_path / "run"), *stream)
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert line == (
+        "error: trainer.val_check_interval 40 is more batches than an epoch of the training loader gives (10; it has"
+        " no length, so this shows only once an epoch ended): with trainer.check_val_every_n_epoch 1 validation never"
+        " runs. Set val_check_interval to at most 10, or check_val_every_n_epoch null to count batches across epochs"
+    ), line
+    assert "Traceback" not in result.stderr
+    # Counted across epochs, the same interval validates every 40 batches: it trains.
+    across = run_train("fit", *quick_run_args(experiment, tmp_path / "across"), *stream,
+                       "--trainer.check_val_every_n_epoch", "null", "--trainer.max_epochs", "5")  # fmt: skip
+    assert across.returncode == 0, across.stderr[-3000:]
+    assert len(list((tmp_path / "across" / "checkpoints").glob("best-*.ckpt"))) == 1, "it validated"
+
+
 def test_a_call_of_lightnings_it_refuses_in_the_models_code_is_one_line_naming_where(experiment, tmp_path):
     model = ("--model", "tasks.broken.LogsANameLightningRefuses", "--data", "tasks.regression.Table")
     result = run_train("fit", "--config", str(experiment), *quick_trainer_args(tmp_path / "run"), *model,

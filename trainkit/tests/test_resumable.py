@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 import signal
 import warnings
 from pathlib import Path
@@ -406,3 +407,42 @@ def test_sigterm_mid_epoch_then_the_same_command_trains_the_same_weights(experim
     assert actual["global_step"] == expected["global_step"] == 2 * steps_per_epoch
     for name, tensor in expected["state_dict"].items():
         assert torch.equal(tensor, actual["state_dict"][name]), f"{name} differs after resuming"
+
+
+def test_a_stateful_loader_of_the_projects_own_resumes_each_process_from_its_own_state(experiment, tmp_path):
+    """A stream that each of 2 processes reads its own share of, by a loader that keeps its place in it
+    (tasks/streamed.py), preempted mid-epoch and resumed: each process trains on its own rows, as without the stop.
+    Lightning keeps the first process's state only, and the second would have read the first's share."""
+
+    def args(run: str, *extra: str) -> list[str]:
+        return ["fit", "--config", str(experiment), "--model", "tasks.streamed.RegressorOfAStream",
+                "--data", "tasks.streamed.StreamedTable", "--best_checkpoint.monitor", "val_loss",
+                *quick_trainer_args(tmp_path / run), *whole_epochs(2), "--trainer.devices", "2",
+                "--trainer.callbacks+=trainkit.testing.training_samples.RecordTrainingSamples",
+                "--trainer.callbacks.out_dir", str(tmp_path / run / "samples"), *extra]  # fmt: skip
+
+    uninterrupted = run_train(*args("uninterrupted"), timeout=300)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-4000:]
+    marker, log = tmp_path / "step-3", tmp_path / "interrupted.log"
+    job = start(args("resumed", *paced(marker, at_step=3)), clean_env(), log)
+    wait_for(marker, job, log)
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=120) == 143, log.read_text()[-4000:]
+    stopped_at = load(tmp_path / "resumed" / "checkpoints" / "preempted.ckpt")["global_step"]
+    assert stopped_at % 10 > 0, "the interruption must land mid-epoch (10 steps an epoch)"
+    shutil.copytree(tmp_path / "resumed" / "checkpoints", tmp_path / "on-one-process" / "checkpoints")
+
+    resumed = run_train(*args("resumed"), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    for rank in (0, 1):
+        expected, actual = (trained_on(tmp_path / run, rank) for run in ("uninterrupted", "resumed"))
+        assert actual == expected, f"global rank {rank} trained on other rows after resuming"
+    expected, actual = (load(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("uninterrupted", "resumed"))
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(tensor, actual["state_dict"][name]), f"{name} differs after resuming"
+
+    # On 1 process there is no state of its own: it resumes from the first process's, and says so.
+    one = run_train(*args("on-one-process"), "--trainer.devices", "1")
+    assert one.returncode == 0, one.stderr[-4000:]
+    said = "exact resume: the training loader (StreamLoader) keeps a state of each process's own, saved by 2 processes:"
+    assert f"{said} on 1 each process resumes from the first one's" in one.stdout + one.stderr, one.stderr[-4000:]

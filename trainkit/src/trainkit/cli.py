@@ -48,6 +48,7 @@ from trainkit.cluster.platforms import detect_platform, platform_of
 from trainkit.cluster.process_counts import devices_per_node, num_nodes
 from trainkit.cluster.roll_call import NodesDidNotArrive
 from trainkit.cluster.settings import ClusterSettings
+from trainkit.data.loader_states import LoaderStatePerProcess
 from trainkit.data.resumable import ResumableData
 from trainkit.run import stopping
 from trainkit.run.config import (
@@ -72,6 +73,7 @@ from trainkit.run.quiet import quiet_library_noise
 from trainkit.run.replaced_classes import replace_whole
 from trainkit.run.speed import use_fast_defaults
 from trainkit.run.stopping import stop_with_this_process
+from trainkit.run.validation_interval import RefuseAValidationIntervalLongerThanTheEpoch
 from trainkit.store.lock import lock_store
 from trainkit.store.object_store import ObjectStore, StoreError, open_store
 from trainkit.strategies.sharded import ShardedStrategy
@@ -176,6 +178,8 @@ class ProjectCLI(LightningCLI):
             CheckCheckpointDisk(),  # room for a checkpoint before training; a failed write ends the job
             CheckThisMachine(),  # a compiler for a compiled model, /dev/shm enough (run/machine.py)
             ResumableData(),  # ordinary DataLoaders resume exactly, mid-epoch too (data/resumable.py)
+            LoaderStatePerProcess(),  # a stateful loader of the project's own resumes each process's state
+            RefuseAValidationIntervalLongerThanTheEpoch(),  # of a stream, where Lightning cannot tell at the start
         ]
         own_bar = any(isinstance(callback, ProgressBar) for callback in configured(config.trainer.callbacks))
         if config.trainer.enable_progress_bar is None and not sys.stdout.isatty() and not own_bar:

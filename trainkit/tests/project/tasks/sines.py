@@ -1,6 +1,7 @@
 """An endless stream of noisy sine waves and a model that reads off their phase: training bounded by
 `max_steps` alone, metrics named as the researcher likes (`train_mse`, `val_mse`), and two validation loaders."""
 
+import itertools
 import math
 
 import torch
@@ -40,6 +41,25 @@ class Sines(LightningDataModule):
         phases = torch.rand(64, generator=torch.Generator().manual_seed(1)) * math.pi
         return [DataLoader(TensorDataset(sines(half), half), batch_size=self.batch_size)
                 for half in (phases, phases + math.pi)]  # fmt: skip
+
+
+class SinesOfAFiniteStream(Sines):
+    """A stream of `samples` sine waves that does not say how many (no length): an epoch ends when it runs out."""
+
+    def __init__(self, samples: int = 80, batch_size: int = 8) -> None:
+        super().__init__(batch_size)
+        self.samples = samples
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(FiniteSines(self.samples), batch_size=self.batch_size)
+
+
+class FiniteSines(IterableDataset):
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+
+    def __iter__(self):
+        return itertools.islice(EndlessSines(), self.samples)
 
 
 class PhaseReader(LightningModule):
