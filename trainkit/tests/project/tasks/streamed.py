@@ -27,9 +27,14 @@ class ItsShareOfAStream(IterableDataset):
         self.next_row: int | None = None  # where this process is in the stream; None: at the start of its share
 
     def __iter__(self) -> Iterator[Any]:
+        # Where to start is read as the iterator is made, not at its first row, as torchdata's StatefulDataLoader does:
+        # Lightning makes the iterator before the first batch, and a state loaded later would count for the next epoch.
         rank, world = rank_and_world()
         in_the_share = self.next_row is not None and self.next_row < len(self.rows)
         start = self.next_row if in_the_share else rank  # past the end: the share was read, a new epoch reads it again
+        return self._rows_from(start, world)
+
+    def _rows_from(self, start: int, world: int) -> Iterator[Any]:
         for row in range(start, len(self.rows), world):
             self.next_row = row + world
             yield self.rows[row]
