@@ -99,6 +99,7 @@ def end_with(failure: Failure) -> NoReturn:
     if not _one_ending.acquire(blocking=False):
         while True:  # another thread of this process is ending it (stopping.exit_now)
             time.sleep(60)
+    stopping.end_on_own_terms()  # torchrun stops a node's other processes once one ended: this one says why first
     with contextlib.suppress(DistError):
         store = job_store()
         store.set(_key("read", _here.global_rank), "")
