@@ -19,11 +19,6 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
-from trainkit.data.resumable import ResumableDataLoader
-from trainkit.data.streaming import ResumableStreamingDataLoader
-
-KITS_OWN = (ResumableDataLoader, ResumableStreamingDataLoader)
-
 
 class LoaderStatePerProcess(Callback):
     """Keep every process's states of the training loaders in checkpoints where one of the project's own keeps a state:
@@ -69,5 +64,11 @@ def own_stateful_loaders(loaders: list[Any]) -> list[Any]:
     return [
         loader
         for loader in loaders
-        if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict") and not isinstance(loader, KITS_OWN)
+        if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict") and not kits_own(loader)
     ]
+
+
+def kits_own(loader: Any) -> bool:
+    """Whether the kit made this loader (data/resumable.py, data/streaming.py). Told by its module, not its class:
+    the streaming one needs litdata, an extra that a project may not have."""
+    return type(loader).__module__.startswith("trainkit.")
